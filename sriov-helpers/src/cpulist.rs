@@ -1,0 +1,143 @@
+//! CPU lists in the kernel's `0-3,8-11` form (`cpulist`, `local_cpulist`,
+//! `smp_affinity_list`).
+
+use crate::error::ParseError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+/// Refuses absurd ranges so a typo cannot allocate gigabytes.
+const MAX_CPU: u32 = 65_535;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct CpuList(BTreeSet<u32>);
+
+impl CpuList {
+    pub fn from_cpus(cpus: impl IntoIterator<Item = u32>) -> Self {
+        CpuList(cpus.into_iter().collect())
+    }
+    pub fn cpus(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().copied()
+    }
+    pub fn contains(&self, cpu: u32) -> bool {
+        self.0.contains(&cpu)
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn is_subset(&self, other: &CpuList) -> bool {
+        self.0.is_subset(&other.0)
+    }
+    pub fn difference(&self, other: &CpuList) -> CpuList {
+        CpuList(self.0.difference(&other.0).copied().collect())
+    }
+}
+
+impl FromStr for CpuList {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |reason: String| ParseError::CpuList {
+            value: s.to_string(),
+            reason,
+        };
+        let mut set = BTreeSet::new();
+        let t = s.trim();
+        if t.is_empty() {
+            return Ok(CpuList(set));
+        }
+        for part in t.split(',') {
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (a, b),
+                None => (part, part),
+            };
+            let lo: u32 = lo
+                .trim()
+                .parse()
+                .map_err(|_| err(format!("{part:?} is not a CPU number or range")))?;
+            let hi: u32 = hi
+                .trim()
+                .parse()
+                .map_err(|_| err(format!("{part:?} is not a CPU number or range")))?;
+            if lo > hi {
+                return Err(err(format!("range {part:?} is backwards")));
+            }
+            if hi > MAX_CPU {
+                return Err(err(format!("CPU {hi} is above {MAX_CPU}")));
+            }
+            set.extend(lo..=hi);
+        }
+        Ok(CpuList(set))
+    }
+}
+
+impl fmt::Display for CpuList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut iter = self.0.iter().copied().peekable();
+        while let Some(start) = iter.next() {
+            let mut end = start;
+            while iter.peek() == Some(&(end + 1)) {
+                end += 1;
+                iter.next();
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if start == end {
+                write!(f, "{start}")?;
+            } else {
+                write!(f, "{start}-{end}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for CpuList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CpuList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_ranges_and_singles() {
+        let c: CpuList = "0-3,8,10-11".parse().unwrap();
+        assert_eq!(c.cpus().collect::<Vec<_>>(), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(c.to_string(), "0-3,8,10-11");
+        assert!("".parse::<CpuList>().unwrap().is_empty());
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in ["3-1", "a", "1,,2", "0-99999999"] {
+            let e = bad.parse::<CpuList>().unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn display_parse_round_trip(cpus in proptest::collection::btree_set(0u32..256, 0..64)) {
+            let c = CpuList(cpus);
+            let back: CpuList = c.to_string().parse().unwrap();
+            prop_assert_eq!(back, c);
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The host model against fixture hosts laid out like real ConnectX hosts.
+
+use sriov_helpers::fixture::{FixtureHost, LinkLayer, PfSpec};
+use sriov_helpers::rdma::roce_v2_gid_index;
+use sriov_helpers::{Host, HostRoot, PciAddress};
+use std::net::Ipv4Addr;
+
+fn addr(s: &str) -> PciAddress {
+    s.parse().unwrap()
+}
+
+#[test]
+fn connectx_pair_is_read_as_two_pfs_with_eight_vfs_each() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    let pfs: Vec<_> = host.pfs().collect();
+    assert_eq!(pfs.len(), 2);
+    assert_eq!(host.vfs().count(), 16);
+
+    let pf0 = &host.pci[&addr("0000:3b:00.0")];
+    assert_eq!(pf0.vendor, 0x15b3);
+    assert_eq!(pf0.device, 0x101d);
+    assert_eq!(pf0.driver.as_deref(), Some("mlx5_core"));
+    assert_eq!(pf0.numa_node, Some(0));
+    assert_eq!(pf0.local_cpus.as_ref().unwrap().to_string(), "0-15");
+    assert_eq!(pf0.netdevs, vec!["ens1f0"]);
+    let sriov = pf0.sriov.as_ref().unwrap();
+    assert_eq!(
+        (sriov.total_vfs, sriov.num_vfs, sriov.vfs.len()),
+        (127, 8, 8)
+    );
+    // VF offset 2: VF0 is function 2, VF6 wraps onto device 1.
+    assert_eq!(sriov.vfs[0], (0, addr("0000:3b:00.2")));
+    assert_eq!(sriov.vfs[6], (6, addr("0000:3b:01.0")));
+
+    let vf = &host.pci[&addr("0000:3b:01.0")];
+    assert_eq!(vf.device, 0x101e);
+    let of = vf.physfn.unwrap();
+    assert_eq!((of.pf, of.index), (addr("0000:3b:00.0"), Some(6)));
+    assert_eq!(host.pf_name_of(vf), Some("ens1f0"));
+    assert_eq!(vf.netdevs, vec!["ens1f0v6"]);
+    assert_eq!(vf.msi_irqs.len(), 3);
+
+    let pf1 = &host.pci[&addr("0000:86:00.0")];
+    assert_eq!(pf1.numa_node, Some(1));
+    assert_eq!(host.numa.len(), 2);
+    assert_eq!(host.numa_node(1).unwrap().cpus.to_string(), "16-31");
+}
+
+#[test]
+fn pci_and_class_entries_are_relative_symlinks_into_sys_devices() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let sys = fx.path().join("sys");
+    for link in [
+        sys.join("bus/pci/devices/0000:3b:00.2"),
+        sys.join("class/net/ens1f0v0"),
+        sys.join("class/infiniband/mlx5_0"),
+        sys.join("class/infiniband_verbs/uverbs0"),
+    ] {
+        let target = std::fs::read_link(&link).unwrap();
+        assert!(
+            target.is_relative(),
+            "{} -> {}",
+            link.display(),
+            target.display()
+        );
+        assert!(
+            target.to_string_lossy().contains("devices/pci0000:"),
+            "{}",
+            target.display()
+        );
+        let canon = std::fs::canonicalize(&link).unwrap();
+        assert!(
+            canon.starts_with(sys.join("devices")),
+            "{}",
+            canon.display()
+        );
+    }
+}
+
+#[test]
+fn rdma_devices_ports_gids_and_char_devices() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let host = Host::scan(&fx.root());
+    // 2 PFs + 16 VFs, each with its own mlx5_N.
+    assert_eq!(host.rdma.len(), 18);
+    let vf0 = addr("0000:3b:00.2");
+    let dev = host.rdma_of_pci(&vf0).unwrap();
+    assert_eq!(dev.name, "mlx5_1");
+    let port = &dev.ports[0];
+    assert_eq!((port.num, port.state.as_str()), (1, "ACTIVE"));
+    assert_eq!(port.link_layer, "Ethernet");
+    assert_eq!(port.rate_gbps(), Some(100.0));
+    // Empty slots are skipped: only the two link-local GIDs.
+    assert_eq!(port.gids.len(), 2);
+    assert_eq!(port.gids[1].gid_type.as_deref(), Some("RoCE v2"));
+    assert_eq!(port.gids[1].ndev.as_deref(), Some("ens1f0v0"));
+    let cd = &dev.char_devices;
+    let uv = cd.uverbs.as_ref().unwrap();
+    assert_eq!(uv.name, "uverbs1");
+    assert_eq!(uv.dev, Some((231, 193)));
+    assert!(uv.present);
+    assert_eq!(uv.container_path(), "/dev/infiniband/uverbs1");
+    assert_eq!(cd.umad.len(), 1);
+    assert!(cd.issm.is_empty(), "Ethernet-mode ConnectX has no issm");
+    assert_eq!(cd.rdma_cm.as_ref().unwrap().name, "rdma_cm");
+}
+
+#[test]
+fn infiniband_mode_has_issm() {
+    let mut fx = FixtureHost::new().unwrap();
+    let mut spec = PfSpec::connectx6dx("0000:af:00.0", "ibp175s0f0", Some(0), 1);
+    spec.link_layer = LinkLayer::InfiniBand;
+    fx.add_pf(spec).unwrap();
+    let host = Host::scan(&fx.root());
+    let dev = host.rdma_of_pci(&addr("0000:af:00.2")).unwrap();
+    assert_eq!(dev.ports[0].link_layer, "InfiniBand");
+    assert_eq!(dev.char_devices.issm.len(), 1);
+    assert_eq!(dev.char_devices.issm[0].dev, Some((231, 65)));
+    assert!(dev.char_devices.rdma_cm.is_none());
+}
+
+#[test]
+fn roce_v2_gid_index_is_found_from_the_table_not_hard_coded() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    fx.add_ipv4_gid("mlx5_1", 4, Ipv4Addr::new(10, 56, 0, 7), "ens1f0v0")
+        .unwrap();
+    let host = Host::scan(&fx.root());
+    let dev = &host.rdma["mlx5_1"];
+    assert_eq!(
+        roce_v2_gid_index(dev, "ens1f0v0"),
+        Some((5, Ipv4Addr::new(10, 56, 0, 7)))
+    );
+    assert_eq!(roce_v2_gid_index(&host.rdma["mlx5_2"], "ens1f0v1"), None);
+}
+
+#[test]
+fn rxe_soft_device_lives_under_devices_virtual() {
+    let mut fx = FixtureHost::new().unwrap();
+    fx.add_rxe("rxe0", "eth0").unwrap();
+    let canon = std::fs::canonicalize(fx.path().join("sys/class/infiniband/rxe0")).unwrap();
+    assert!(
+        canon.ends_with("sys/devices/virtual/infiniband/rxe0"),
+        "{}",
+        canon.display()
+    );
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    let rxe = host.rdma_of_netdev("eth0").unwrap();
+    assert_eq!(rxe.name, "rxe0");
+    assert_eq!(rxe.pci, None);
+    assert_eq!(rxe.char_devices.uverbs.as_ref().unwrap().name, "uverbs0");
+    assert_eq!(host.netdevs["eth0"].pci, None);
+}
+
+#[test]
+fn unknown_numa_reads_as_none() {
+    let fx = FixtureHost::unknown_numa().unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    assert_eq!(host.vfs().count(), 4);
+    assert!(host.pci.values().all(|d| d.numa_node.is_none()));
+}
+
+#[test]
+fn broken_host_reports_each_problem_with_its_path_and_keeps_the_rest() {
+    let (fx, broken) = FixtureHost::broken().unwrap();
+    let host = Host::scan(&fx.root());
+    let msgs: Vec<String> = host.errors.iter().map(|e| e.to_string()).collect();
+    let has = |needle: &str| msgs.iter().any(|m| m.contains(needle));
+    assert!(has(&format!("{}", broken.dangling_vf)), "{msgs:#?}");
+    assert!(has(&format!("{}/vendor", broken.no_vendor_vf)), "{msgs:#?}");
+    assert!(
+        has(&format!("{}/numa_node", broken.bad_numa_vf)) && has("banana"),
+        "{msgs:#?}"
+    );
+    assert!(has("class/net/ghost0"), "{msgs:#?}");
+    assert!(has("uverbs99/ibdev"), "{msgs:#?}");
+    // The PF with the dangling virtfn link is still read.
+    assert!(host.pci.contains_key(&addr("0000:3b:00.0")));
+    assert_eq!(
+        host.pf_name_of(&host.pci[&addr("0000:3b:00.2")]),
+        Some("ens1f0")
+    );
+    // Everything else is still there: 16 VFs - 1 gone - 2 unreadable.
+    assert_eq!(host.vfs().count(), 13);
+    assert!(host.pci.contains_key(&addr("0000:86:00.0")));
+    assert_eq!(
+        host.netdevs.len(),
+        17,
+        "ghost0 and the gone VF's netdev are missing"
+    );
+}
+
+#[test]
+fn live_vf_count_changes_add_and_remove_everything() {
+    let mut fx = FixtureHost::connectx6dx_pair().unwrap();
+    let pf = addr("0000:3b:00.0");
+    fx.set_num_vfs(&pf, 2).unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    assert_eq!(host.vfs().count(), 10);
+    assert!(!host.netdevs.contains_key("ens1f0v5"));
+    fx.set_num_vfs(&pf, 12).unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    assert_eq!(host.vfs().count(), 20);
+    assert!(host.netdevs.contains_key("ens1f0v11"));
+    let vf11 = fx.vf_address(&pf, 11).unwrap();
+    assert!(host.rdma_of_pci(&vf11).is_some());
+}
+
+#[test]
+fn set_num_vfs_goes_through_zero() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let root = fx.root();
+    let pf = addr("0000:3b:00.0");
+    sriov_helpers::pci::set_num_vfs(&root, pf, 4).unwrap();
+    let path = root.pci_devices().join("0000:3b:00.0/sriov_numvfs");
+    assert_eq!(std::fs::read_to_string(path).unwrap(), "4");
+    let err = sriov_helpers::pci::set_num_vfs(&HostRoot::new("/nonexistent"), pf, 4).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("/nonexistent/sys/bus/pci/devices/0000:3b:00.0/sriov_numvfs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn health_relevant_changes_are_visible() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    fx.set_operstate("ens1f0v0", "down").unwrap();
+    fx.remove_char_device("uverbs2").unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(!host.netdevs["ens1f0v0"].is_up());
+    assert!(host.netdevs["ens1f0v1"].is_up());
+    let d = &host.rdma["mlx5_2"];
+    assert!(!d.char_devices.uverbs.as_ref().unwrap().present);
+}
+
+#[test]
+fn irq_affinity_round_trip() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let root = fx.root();
+    let host = Host::scan(&root);
+    let irq = host.pci[&addr("0000:86:00.0")].msi_irqs[0];
+    let cur = sriov_helpers::irq::read_affinity(&root, irq).unwrap();
+    assert_eq!(cur.to_string(), "16-31");
+    let want: sriov_helpers::CpuList = "18".parse().unwrap();
+    sriov_helpers::irq::write_affinity(&root, irq, &want).unwrap();
+    assert_eq!(sriov_helpers::irq::read_affinity(&root, irq).unwrap(), want);
+}
+
+#[test]
+fn bench_sized_fixture_scans_clean() {
+    let fx = FixtureHost::many(2, 64).unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    assert_eq!(host.vfs().count(), 128);
+    assert_eq!(host.rdma.len(), 130);
+}
