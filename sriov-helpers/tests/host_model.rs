@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The host model against fixture hosts laid out like real ConnectX hosts.
 
 use sriov_helpers::fixture::{FixtureHost, LinkLayer, PfSpec};
