@@ -1,0 +1,1 @@
+//! Admission perftests, RoCE diagnostics and counters.
