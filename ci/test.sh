@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (README: "Run every test").
+# Root is needed for the netns tests (CNI, e2e); without it they say they
+# were skipped.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "format"
+cargo fmt --all --check
+
+step "clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "build binaries"
+cargo build --workspace --all-features --bins
+
+step "shell scripts"
+shellcheck e2e/kind/*.sh images/*.sh images/perftest/kroce-gid-index ci/*.sh
+bash -n e2e/kind/run.sh
+
+step "helm chart"
+ci/check-chart.sh
+
+if [ "${KROCE_SKIP_IMAGES:-0}" != 1 ]; then
+  step "container images (podman, no registry)"
+  images/check.sh
+fi
+
+step "cargo test (workspace)"
+set +e
+cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
+rc=${PIPESTATUS[0]}
+set -e
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+echo
+echo "${passed} passed, ${failed} failed"
+[ "$failed" = 0 ] && [ "$rc" = 0 ]

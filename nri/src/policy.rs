@@ -1,0 +1,413 @@
+//! Which containers get which memlock limit: a plain function over plain data.
+//!
+//! A container holds kroce RDMA devices when the kroce device plugin annotated
+//! it in `Allocate` (`kroce.io/rdma-devices.<res>`, optionally
+//! `kroce.io/memlock.<res>`) or when it has device nodes under
+//! `/dev/infiniband/`. Containers of a sandbox for which kroce-cni recorded a
+//! memlock request are covered too. Everything else is never touched.
+//!
+//! The limit is the largest of: the memlock annotations, the sandbox's CNI
+//! request, and the node default. A limit already in the container's spec is
+//! never lowered.
+
+use std::collections::BTreeMap;
+
+use crate::memlock::Memlock;
+use crate::proto::api;
+
+/// Prefix of the annotation listing the kroce RDMA devices allocated to a
+/// container for one resource: `kroce.io/rdma-devices.<res>`, value the
+/// comma-separated device IDs.
+pub const DEVICES_ANNOTATION_PREFIX: &str = "kroce.io/rdma-devices.";
+/// Prefix of the annotation carrying the memlock a resource asks for:
+/// `kroce.io/memlock.<res>`, value `unlimited` or decimal bytes.
+pub const MEMLOCK_ANNOTATION_PREFIX: &str = "kroce.io/memlock.";
+/// RDMA character devices (uverbs, umad, rdma_cm) live here in a container.
+pub const RDMA_DEVICE_DIR: &str = "/dev/infiniband/";
+/// The OCI rlimit name.
+pub const RLIMIT_MEMLOCK: &str = "RLIMIT_MEMLOCK";
+
+/// `kroce.io/rdma-devices.<res>` for a resource name such as `kroce.io/rdma_vf`
+/// ('/' becomes '_', as annotation names allow only one '/').
+pub fn devices_annotation(resource: &str) -> String {
+    format!("{DEVICES_ANNOTATION_PREFIX}{}", resource.replace('/', "_"))
+}
+
+/// `kroce.io/memlock.<res>` for a resource name ('/' becomes '_').
+pub fn memlock_annotation(resource: &str) -> String {
+    format!("{MEMLOCK_ANNOTATION_PREFIX}{}", resource.replace('/', "_"))
+}
+
+/// An rlimit pair as the container spec has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rlimit {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// What the policy needs to know about a container, as plain data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerFacts {
+    pub id: String,
+    pub sandbox_id: String,
+    pub annotations: BTreeMap<String, String>,
+    /// Container-side paths of its linux device nodes.
+    pub device_paths: Vec<String>,
+    /// `RLIMIT_MEMLOCK` already in the container's spec, if any.
+    pub existing_memlock: Option<Rlimit>,
+}
+
+impl ContainerFacts {
+    /// Extracts the facts from the NRI container (and its pod, for the sandbox
+    /// ID when the container does not carry it).
+    pub fn from_nri(container: &api::Container, pod: Option<&api::PodSandbox>) -> Self {
+        let sandbox_id = if container.pod_sandbox_id.is_empty() {
+            pod.map(|p| p.id.clone()).unwrap_or_default()
+        } else {
+            container.pod_sandbox_id.clone()
+        };
+        let device_paths = container
+            .linux
+            .as_ref()
+            .map(|l| l.devices.iter().map(|d| d.path.clone()).collect())
+            .unwrap_or_default();
+        let existing_memlock = container
+            .rlimits
+            .iter()
+            .rev() // the last entry of a type wins in runc
+            .find(|r| r.r#type == RLIMIT_MEMLOCK)
+            .map(|r| Rlimit {
+                soft: r.soft,
+                hard: r.hard,
+            });
+        ContainerFacts {
+            id: container.id.clone(),
+            sandbox_id,
+            annotations: container.annotations.clone(),
+            device_paths,
+            existing_memlock,
+        }
+    }
+}
+
+/// Why a container was recognised as an RDMA container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    DevicesAnnotation { key: String, devices: String },
+    MemlockAnnotation { key: String, value: Memlock },
+    DeviceNode { path: String },
+    CniRequest { sandbox_id: String, value: Memlock },
+}
+
+/// What to do with a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Not an RDMA container: no adjustment at all.
+    Untouched,
+    /// Set `RLIMIT_MEMLOCK` soft = hard = this limit.
+    Set(Memlock),
+    /// Its spec already allows at least `wanted`: leave it.
+    AlreadySufficient { existing: Rlimit, wanted: Memlock },
+}
+
+/// The decision for one container, with its reasons.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub evidence: Vec<Evidence>,
+    /// Problems with the inputs (bad annotation values), worth a log line.
+    pub warnings: Vec<String>,
+}
+
+/// Decides the memlock limit for `container`.
+///
+/// `cni_request` is the memlock kroce-cni recorded for the container's sandbox
+/// (if any); `default` is the node default (`--default-memlock`).
+pub fn decide(container: &ContainerFacts, cni_request: Option<Memlock>, default: Memlock) -> Decision {
+    let mut evidence = Vec::new();
+    let mut warnings = Vec::new();
+    let mut wanted = default;
+
+    for (key, value) in &container.annotations {
+        if key.starts_with(DEVICES_ANNOTATION_PREFIX) {
+            if value.trim().is_empty() {
+                warnings.push(format!("annotation {key} is empty; not counted as RDMA devices"));
+            } else {
+                evidence.push(Evidence::DevicesAnnotation {
+                    key: key.clone(),
+                    devices: value.clone(),
+                });
+            }
+        } else if key.starts_with(MEMLOCK_ANNOTATION_PREFIX) {
+            match value.parse::<Memlock>() {
+                Ok(limit) => {
+                    wanted = wanted.max(limit);
+                    evidence.push(Evidence::MemlockAnnotation {
+                        key: key.clone(),
+                        value: limit,
+                    });
+                }
+                Err(err) => warnings.push(format!("annotation {key}: {err}; ignored")),
+            }
+        }
+    }
+    for path in &container.device_paths {
+        if path.starts_with(RDMA_DEVICE_DIR) {
+            evidence.push(Evidence::DeviceNode { path: path.clone() });
+        }
+    }
+    if let Some(limit) = cni_request {
+        wanted = wanted.max(limit);
+        evidence.push(Evidence::CniRequest {
+            sandbox_id: container.sandbox_id.clone(),
+            value: limit,
+        });
+    }
+
+    let action = if evidence.is_empty() {
+        Action::Untouched
+    } else {
+        match container.existing_memlock {
+            Some(existing)
+                if Memlock::from_rlimit(existing.soft) >= wanted
+                    && Memlock::from_rlimit(existing.hard) >= wanted =>
+            {
+                Action::AlreadySufficient { existing, wanted }
+            }
+            // Never lower a hard limit the spec already grants.
+            Some(existing) => Action::Set(wanted.max(Memlock::from_rlimit(existing.hard))),
+            None => Action::Set(wanted),
+        }
+    };
+    Decision {
+        action,
+        evidence,
+        warnings,
+    }
+}
+
+impl Decision {
+    /// The NRI adjustment for this decision (empty unless `Action::Set`).
+    pub fn adjustment(&self) -> api::ContainerAdjustment {
+        let mut adjust = api::ContainerAdjustment::default();
+        if let Action::Set(limit) = self.action {
+            adjust.rlimits.push(api::PosixRlimit {
+                r#type: RLIMIT_MEMLOCK.to_owned(),
+                hard: limit.rlimit_value(),
+                soft: limit.rlimit_value(),
+            });
+        }
+        adjust
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn facts(annotations: &[(&str, &str)], devices: &[&str]) -> ContainerFacts {
+        ContainerFacts {
+            id: "c1".into(),
+            sandbox_id: "sb1".into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            device_paths: devices.iter().map(|d| (*d).to_owned()).collect(),
+            existing_memlock: None,
+        }
+    }
+
+    #[test]
+    fn annotation_keys_replace_slash() {
+        assert_eq!(
+            devices_annotation("kroce.io/rdma_vf"),
+            "kroce.io/rdma-devices.kroce.io_rdma_vf"
+        );
+        assert_eq!(devices_annotation("rdma/vf"), "kroce.io/rdma-devices.rdma_vf");
+        assert_eq!(memlock_annotation("rdma/vf"), "kroce.io/memlock.rdma_vf");
+    }
+
+    #[test]
+    fn plain_container_is_untouched_even_with_a_default() {
+        let d = decide(
+            &facts(&[("io.kubernetes.pod.name", "x")], &["/dev/fuse", "/dev/net/tun"]),
+            None,
+            Memlock::Bytes(64 * MIB),
+        );
+        assert_eq!(d.action, Action::Untouched);
+        assert!(d.evidence.is_empty());
+        assert!(d.adjustment().rlimits.is_empty());
+    }
+
+    #[test]
+    fn devices_annotation_gets_the_default() {
+        let d = decide(
+            &facts(&[("kroce.io/rdma-devices.rdma_vf", "0000:3b:00.2")], &[]),
+            None,
+            Memlock::Unlimited,
+        );
+        assert_eq!(d.action, Action::Set(Memlock::Unlimited));
+        let adj = d.adjustment();
+        assert_eq!(adj.rlimits.len(), 1);
+        assert_eq!(adj.rlimits[0].r#type, "RLIMIT_MEMLOCK");
+        assert_eq!(adj.rlimits[0].hard, u64::MAX);
+        assert_eq!(adj.rlimits[0].soft, u64::MAX);
+    }
+
+    #[test]
+    fn infiniband_device_node_alone_is_enough() {
+        let d = decide(
+            &facts(&[], &["/dev/infiniband/uverbs3"]),
+            None,
+            Memlock::Bytes(64 * MIB),
+        );
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(64 * MIB)));
+        assert_eq!(
+            d.evidence,
+            vec![Evidence::DeviceNode {
+                path: "/dev/infiniband/uverbs3".into()
+            }]
+        );
+        // A look-alike outside the directory is not.
+        let d = decide(&facts(&[], &["/dev/infiniband"]), None, Memlock::Unlimited);
+        assert_eq!(d.action, Action::Untouched);
+    }
+
+    #[test]
+    fn largest_of_annotation_cni_and_default_wins() {
+        let c = facts(
+            &[
+                ("kroce.io/rdma-devices.rdma_vf", "a,b"),
+                ("kroce.io/memlock.rdma_vf", "1073741824"),
+                ("kroce.io/memlock.rdma_other", "2147483648"),
+            ],
+            &[],
+        );
+        let d = decide(&c, Some(Memlock::Bytes(512 * MIB)), Memlock::Bytes(64 * MIB));
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(2048 * MIB)));
+        let d = decide(&c, Some(Memlock::Unlimited), Memlock::Bytes(64 * MIB));
+        assert_eq!(d.action, Action::Set(Memlock::Unlimited));
+        let d = decide(&c, None, Memlock::Bytes(8192 * MIB));
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(8192 * MIB)));
+    }
+
+    #[test]
+    fn cni_request_alone_covers_the_sandbox_containers() {
+        let d = decide(&facts(&[], &[]), Some(Memlock::Bytes(256 * MIB)), Memlock::Bytes(0));
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(256 * MIB)));
+        assert_eq!(
+            d.evidence,
+            vec![Evidence::CniRequest {
+                sandbox_id: "sb1".into(),
+                value: Memlock::Bytes(256 * MIB)
+            }]
+        );
+    }
+
+    #[test]
+    fn bad_memlock_annotation_is_a_warning_not_a_failure() {
+        let d = decide(
+            &facts(
+                &[
+                    ("kroce.io/rdma-devices.rdma_vf", "x"),
+                    ("kroce.io/memlock.rdma_vf", "lots"),
+                ],
+                &[],
+            ),
+            None,
+            Memlock::Bytes(64 * MIB),
+        );
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(64 * MIB)));
+        assert_eq!(d.warnings.len(), 1);
+        assert!(d.warnings[0].contains("kroce.io/memlock.rdma_vf"), "{:?}", d.warnings);
+        assert!(d.warnings[0].contains("\"lots\""), "{:?}", d.warnings);
+    }
+
+    #[test]
+    fn empty_devices_annotation_does_not_count() {
+        let d = decide(
+            &facts(&[("kroce.io/rdma-devices.rdma_vf", " ")], &[]),
+            None,
+            Memlock::Unlimited,
+        );
+        assert_eq!(d.action, Action::Untouched);
+        assert_eq!(d.warnings.len(), 1);
+    }
+
+    #[test]
+    fn existing_larger_limit_is_kept_and_never_lowered() {
+        let mut c = facts(&[], &["/dev/infiniband/uverbs0"]);
+        c.existing_memlock = Some(Rlimit {
+            soft: u64::MAX,
+            hard: u64::MAX,
+        });
+        let d = decide(&c, None, Memlock::Bytes(64 * MIB));
+        assert!(matches!(d.action, Action::AlreadySufficient { .. }));
+        assert!(d.adjustment().rlimits.is_empty());
+
+        // Soft too low, hard high: raise soft, keep the higher hard.
+        c.existing_memlock = Some(Rlimit {
+            soft: MIB,
+            hard: 128 * MIB,
+        });
+        let d = decide(&c, None, Memlock::Bytes(64 * MIB));
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(128 * MIB)));
+
+        // Both too low: set ours.
+        c.existing_memlock = Some(Rlimit {
+            soft: MIB,
+            hard: 8 * MIB,
+        });
+        let d = decide(&c, None, Memlock::Bytes(64 * MIB));
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(64 * MIB)));
+    }
+
+    #[test]
+    fn facts_from_nri_container() {
+        let container = api::Container {
+            id: "ctr".into(),
+            pod_sandbox_id: String::new(),
+            annotations: [("kroce.io/rdma-devices.rdma_vf".to_owned(), "d".to_owned())].into(),
+            linux: Some(api::LinuxContainer {
+                devices: vec![api::LinuxDevice {
+                    path: "/dev/infiniband/uverbs1".into(),
+                    r#type: "c".into(),
+                    major: 231,
+                    minor: 193,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            rlimits: vec![
+                api::PosixRlimit {
+                    r#type: "RLIMIT_NOFILE".into(),
+                    hard: 1024,
+                    soft: 1024,
+                },
+                api::PosixRlimit {
+                    r#type: "RLIMIT_MEMLOCK".into(),
+                    hard: 65536,
+                    soft: 65536,
+                },
+            ],
+            ..Default::default()
+        };
+        let pod = api::PodSandbox {
+            id: "pod-sandbox".into(),
+            ..Default::default()
+        };
+        let f = ContainerFacts::from_nri(&container, Some(&pod));
+        assert_eq!(f.sandbox_id, "pod-sandbox");
+        assert_eq!(f.device_paths, vec!["/dev/infiniband/uverbs1".to_owned()]);
+        assert_eq!(
+            f.existing_memlock,
+            Some(Rlimit {
+                soft: 65536,
+                hard: 65536
+            })
+        );
+    }
+}

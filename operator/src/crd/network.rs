@@ -1,0 +1,220 @@
+//! `RdmaNetwork`: one RDMA network as the admin describes it.
+
+use super::admission::AdmissionSpec;
+use super::conditions::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Which PFs of a selected node carry this network. Every set field must
+/// match; an empty selector matches nothing (the controller says so).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NicSelector {
+    /// PCI vendor id, 4 hex digits (`15b3` for NVIDIA/Mellanox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-fA-F]{4}$"))]
+    pub vendor: Option<String>,
+    /// PCI device id of the PF, 4 hex digits (`101d` for ConnectX-6 Dx).
+    #[serde(rename = "deviceID", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-fA-F]{4}$"))]
+    pub device_id: Option<String>,
+    /// PF netdev names, optionally with the VF indices this network uses:
+    /// `ens1f0` (all VFs) or `ens1f0#0-3` (VFs 0 to 3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pf_names: Vec<String>,
+    /// PF PCI addresses (`0000:3b:00.0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_devices: Vec<String>,
+}
+
+impl NicSelector {
+    pub fn is_empty(&self) -> bool {
+        self.vendor.is_none()
+            && self.device_id.is_none()
+            && self.pf_names.is_empty()
+            && self.root_devices.is_empty()
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum IrqPolicy {
+    /// Pin each device's IRQs round-robin on its NUMA node's CPUs.
+    #[default]
+    NumaLocal,
+    /// Leave IRQ affinity alone.
+    None,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ReservedCpusMode {
+    /// Keep IRQs off `reservedCpus` (CPUs isolated for workloads).
+    #[default]
+    Exclude,
+    /// Put IRQs only on `reservedCpus` (housekeeping CPUs) that are NUMA-local.
+    Only,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IrqAffinity {
+    #[serde(default)]
+    pub policy: IrqPolicy,
+    /// Kernel CPU list (`0-1,16-17`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$"))]
+    pub reserved_cpus: Option<String>,
+    /// What `reservedCpus` means: `exclude` (default) or `only`.
+    #[serde(default)]
+    pub reserved_cpus_mode: ReservedCpusMode,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Trust {
+    /// Classify by DSCP (RoCE v2 over routed fabrics).
+    #[default]
+    Dscp,
+    /// Classify by the VLAN PCP bits.
+    Pcp,
+}
+
+fn default_pfc_priority() -> u8 {
+    3
+}
+fn default_true() -> bool {
+    true
+}
+
+/// RoCE QoS of the PFs carrying this network.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QosSpec {
+    /// `dscp` (default) or `pcp`.
+    #[serde(default)]
+    pub trust: Trust,
+    /// The lossless priority: PFC on this priority only, ECN on it.
+    #[serde(default = "default_pfc_priority")]
+    #[schemars(range(min = 0, max = 7))]
+    pub pfc_priority: u8,
+    /// ECN (DCQCN reaction and notification points) on `pfcPriority`.
+    #[serde(default = "default_true")]
+    pub ecn: bool,
+    /// RDMA-CM default ToS byte (e.g. 106 = DSCP 26 with ECT); unset leaves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce_tos: Option<u8>,
+}
+
+impl Default for QosSpec {
+    fn default() -> Self {
+        QosSpec {
+            trust: Trust::Dscp,
+            pfc_priority: default_pfc_priority(),
+            ecn: true,
+            roce_tos: None,
+        }
+    }
+}
+
+/// An RDMA network: VFs on the selected NICs of the selected nodes, pinned
+/// and QoS-configured, advertised as `rdma/<resourceName>` and attached
+/// through a NetworkAttachmentDefinition in each `networkNamespaces` entry.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kroce.io",
+    version = "v1alpha1",
+    kind = "RdmaNetwork",
+    plural = "rdmanetworks",
+    shortname = "rdmanet",
+    category = "kroce",
+    status = "RdmaNetworkStatus",
+    derive = "PartialEq",
+    printcolumn(name = "VFs", type_ = "integer", json_path = ".spec.numVfs"),
+    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resourceName"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyNodes"),
+    printcolumn(name = "Matched", type_ = "integer", json_path = ".status.matchedNodes"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaNetworkSpec {
+    /// Node labels that must all match (empty: every node).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    pub nic_selector: NicSelector,
+    /// VFs to create on each selected PF (the PF's `sriov_numvfs`).
+    #[schemars(range(min = 1, max = 4096))]
+    pub num_vfs: u32,
+    /// Advertised as `rdma/<resourceName>`; defaults to the network's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$"))]
+    pub resource_name: Option<String>,
+    /// MTU of the VFs (the PF gets at least this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 576, max = 9216))]
+    pub mtu: Option<u32>,
+    /// VLAN id the CNI sets on each VF (0 or unset: untagged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 4094))]
+    pub vlan: Option<u16>,
+    /// VLAN priority (PCP) the CNI sets with `vlan`.
+    #[serde(rename = "vlanQoS", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 7))]
+    pub vlan_qos: Option<u8>,
+    /// CNI IPAM configuration, passed through verbatim (e.g. host-local, whereabouts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "opaque_object")]
+    pub ipam: Option<serde_json::Value>,
+    /// Namespaces that get a NetworkAttachmentDefinition named after this network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_namespaces: Vec<String>,
+    /// Locked-memory limit for pods on this network: `unlimited` or bytes
+    /// with an optional K/M/G suffix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(unlimited|[0-9]+[KMGkmg]?)$"))]
+    pub memlock: Option<String>,
+    #[serde(default)]
+    pub irq_affinity: IrqAffinity,
+    /// RoCE QoS; unset leaves the NIC's QoS alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosSpec>,
+    /// Perftest admission (see the admission docs); unset admits on configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSpec>,
+}
+
+fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+impl RdmaNetworkSpec {
+    /// `rdma/<resourceName>`, the network's name when unset.
+    pub fn full_resource_name(&self, network: &str) -> String {
+        format!(
+            "{}{}",
+            super::RESOURCE_PREFIX,
+            self.resource_name.as_deref().unwrap_or(network)
+        )
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaNetworkStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Progressing`, `Degraded`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Nodes selected by `nodeSelector` that have a matching PF.
+    #[serde(default)]
+    pub matched_nodes: u32,
+    /// Matched nodes whose agent reports this network configured.
+    #[serde(default)]
+    pub ready_nodes: u32,
+}

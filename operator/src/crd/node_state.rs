@@ -1,0 +1,176 @@
+//! `RdmaNodeState`: one per node, named after it, owned by the operator.
+//! `spec` is what the controller merged from every network selecting the
+//! node; `status` is what that node's agent found and did.
+
+use super::conditions::Condition;
+use super::network::{IrqAffinity, QosSpec};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The VFs of one PF that one network uses.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VfGroup {
+    /// The `RdmaNetwork` this group belongs to.
+    pub network: String,
+    /// Full extended resource name (`rdma/vf`).
+    pub resource_name: String,
+    /// VF indices in kernel list form (`0-3`).
+    pub vf_range: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+}
+
+/// Desired configuration of one PF.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PfConfig {
+    pub pci_address: String,
+    /// The PF netdev as the agent reported it (for the device plugin's `pfNames`).
+    pub if_name: String,
+    pub num_vfs: u32,
+    /// PF MTU: the largest MTU of its groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(default)]
+    pub vf_groups: Vec<VfGroup>,
+    #[serde(default)]
+    pub irq_affinity: IrqAffinity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosSpec>,
+}
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "kroce.io",
+    version = "v1alpha1",
+    kind = "RdmaNodeState",
+    plural = "rdmanodestates",
+    shortname = "rdmanode",
+    category = "kroce",
+    status = "RdmaNodeStateStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(name = "Sync", type_ = "string", json_path = ".status.syncState"),
+    printcolumn(name = "PFs", type_ = "integer", json_path = ".status.configuredPfs"),
+    printcolumn(name = "Error", type_ = "string", json_path = ".status.lastError", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaNodeStateSpec {
+    pub node_name: String,
+    /// PFs to configure; PFs not listed keep (or go back to) zero VFs only
+    /// if kroce configured them before (see the agent's README section).
+    #[serde(default)]
+    pub pfs: Vec<PfConfig>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SyncState {
+    #[default]
+    Pending,
+    InProgress,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedVf {
+    pub index: u32,
+    pub pci_address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedQos {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<String>,
+    /// Priorities with PFC enabled.
+    #[serde(default)]
+    pub pfc_priorities: Vec<u8>,
+    /// Priorities with ECN enabled on both reaction and notification points.
+    #[serde(default)]
+    pub ecn_priorities: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce_tos: Option<u8>,
+}
+
+/// One SR-IOV capable PF as the agent found it: the inventory the
+/// controller matches `nicSelector` against.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedPf {
+    pub pci_address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_name: Option<String>,
+    /// 4 hex digits.
+    pub vendor: String,
+    #[serde(rename = "deviceID")]
+    pub device_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    pub total_vfs: u32,
+    pub num_vfs: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
+    /// `Ethernet` or `InfiniBand`, from the RDMA port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_layer: Option<String>,
+    #[serde(default)]
+    pub vfs: Vec<ObservedVf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<ObservedQos>,
+}
+
+/// Where one IRQ was put.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IrqPlacement {
+    pub irq: u32,
+    /// Netdev (or PCI address) the IRQ belongs to.
+    pub device: String,
+    /// CPU list now in `smp_affinity_list`.
+    pub cpus: String,
+    /// The kernel refused the write (managed IRQ) or it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaNodeStateStatus {
+    /// `metadata.generation` of the spec the agent last applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub sync_state: SyncState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<String>,
+    /// Number of spec PFs configured as asked.
+    #[serde(default)]
+    pub configured_pfs: u32,
+    /// Every SR-IOV capable PF on the node.
+    #[serde(default)]
+    pub pfs: Vec<ObservedPf>,
+    #[serde(default)]
+    pub irq_placement: Vec<IrqPlacement>,
+    /// `Ready`, `Degraded`, `VfsHeld`, `IrqBalanceRunning`, ...
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}

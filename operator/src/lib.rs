@@ -1,0 +1,5 @@
+//! kroce operator: the `RdmaNetwork` and `RdmaNodeState` resources, the
+//! pure planning that turns networks into per-node desired state, the
+//! cluster controller and the per-node agent.
+
+pub mod crd;
