@@ -12,7 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(false)
         .build_transport(false)
-        .btree_map(["."])
+        .btree_map(".")
         .compile_fds(fds)?;
     Ok(())
 }

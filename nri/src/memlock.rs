@@ -54,12 +54,16 @@ impl FromStr for Memlock {
         }
         // Digits only: no sign, no suffix, no hex; u64::from_str would accept "+5".
         if trimmed.is_empty() || !trimmed.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(MemlockParseError { value: s.to_owned() });
+            return Err(MemlockParseError {
+                value: s.to_owned(),
+            });
         }
         trimmed
             .parse::<u64>()
             .map(Memlock::from_rlimit)
-            .map_err(|_| MemlockParseError { value: s.to_owned() })
+            .map_err(|_| MemlockParseError {
+                value: s.to_owned(),
+            })
     }
 }
 
@@ -96,7 +100,15 @@ mod tests {
     #[test]
     fn rejects_everything_else_naming_the_value() {
         for bad in [
-            "", "-1", "+5", "64Mi", "1e9", "0x10", "Unlimited", "infinity", "18446744073709551616",
+            "",
+            "-1",
+            "+5",
+            "64Mi",
+            "1e9",
+            "0x10",
+            "Unlimited",
+            "infinity",
+            "18446744073709551616",
         ] {
             let err = bad.parse::<Memlock>().unwrap_err();
             assert_eq!(err.value, bad);

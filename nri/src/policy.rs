@@ -123,7 +123,11 @@ pub struct Decision {
 ///
 /// `cni_request` is the memlock kroce-cni recorded for the container's sandbox
 /// (if any); `default` is the node default (`--default-memlock`).
-pub fn decide(container: &ContainerFacts, cni_request: Option<Memlock>, default: Memlock) -> Decision {
+pub fn decide(
+    container: &ContainerFacts,
+    cni_request: Option<Memlock>,
+    default: Memlock,
+) -> Decision {
     let mut evidence = Vec::new();
     let mut warnings = Vec::new();
     let mut wanted = default;
@@ -131,7 +135,9 @@ pub fn decide(container: &ContainerFacts, cni_request: Option<Memlock>, default:
     for (key, value) in &container.annotations {
         if key.starts_with(DEVICES_ANNOTATION_PREFIX) {
             if value.trim().is_empty() {
-                warnings.push(format!("annotation {key} is empty; not counted as RDMA devices"));
+                warnings.push(format!(
+                    "annotation {key} is empty; not counted as RDMA devices"
+                ));
             } else {
                 evidence.push(Evidence::DevicesAnnotation {
                     key: key.clone(),
@@ -226,14 +232,20 @@ mod tests {
             devices_annotation("kroce.io/rdma_vf"),
             "kroce.io/rdma-devices.kroce.io_rdma_vf"
         );
-        assert_eq!(devices_annotation("rdma/vf"), "kroce.io/rdma-devices.rdma_vf");
+        assert_eq!(
+            devices_annotation("rdma/vf"),
+            "kroce.io/rdma-devices.rdma_vf"
+        );
         assert_eq!(memlock_annotation("rdma/vf"), "kroce.io/memlock.rdma_vf");
     }
 
     #[test]
     fn plain_container_is_untouched_even_with_a_default() {
         let d = decide(
-            &facts(&[("io.kubernetes.pod.name", "x")], &["/dev/fuse", "/dev/net/tun"]),
+            &facts(
+                &[("io.kubernetes.pod.name", "x")],
+                &["/dev/fuse", "/dev/net/tun"],
+            ),
             None,
             Memlock::Bytes(64 * MIB),
         );
@@ -286,7 +298,11 @@ mod tests {
             ],
             &[],
         );
-        let d = decide(&c, Some(Memlock::Bytes(512 * MIB)), Memlock::Bytes(64 * MIB));
+        let d = decide(
+            &c,
+            Some(Memlock::Bytes(512 * MIB)),
+            Memlock::Bytes(64 * MIB),
+        );
         assert_eq!(d.action, Action::Set(Memlock::Bytes(2048 * MIB)));
         let d = decide(&c, Some(Memlock::Unlimited), Memlock::Bytes(64 * MIB));
         assert_eq!(d.action, Action::Set(Memlock::Unlimited));
@@ -296,7 +312,11 @@ mod tests {
 
     #[test]
     fn cni_request_alone_covers_the_sandbox_containers() {
-        let d = decide(&facts(&[], &[]), Some(Memlock::Bytes(256 * MIB)), Memlock::Bytes(0));
+        let d = decide(
+            &facts(&[], &[]),
+            Some(Memlock::Bytes(256 * MIB)),
+            Memlock::Bytes(0),
+        );
         assert_eq!(d.action, Action::Set(Memlock::Bytes(256 * MIB)));
         assert_eq!(
             d.evidence,
@@ -322,7 +342,11 @@ mod tests {
         );
         assert_eq!(d.action, Action::Set(Memlock::Bytes(64 * MIB)));
         assert_eq!(d.warnings.len(), 1);
-        assert!(d.warnings[0].contains("kroce.io/memlock.rdma_vf"), "{:?}", d.warnings);
+        assert!(
+            d.warnings[0].contains("kroce.io/memlock.rdma_vf"),
+            "{:?}",
+            d.warnings
+        );
         assert!(d.warnings[0].contains("\"lots\""), "{:?}", d.warnings);
     }
 

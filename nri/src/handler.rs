@@ -1,0 +1,352 @@
+//! Answers the runtime's requests on the NRI Plugin service.
+//!
+//! Bytes in, bytes out, no I/O besides the [`MemlockRequests`] lookup. The
+//! plugin must never be the reason a container fails to start, so every
+//! failure of ours (bad request file, undecodable request, ...) is logged
+//! and answered with an empty adjustment rather than an error status, which
+//! the runtime would turn into a failed container creation.
+
+use prost::Message;
+
+use crate::cni_requests::MemlockRequests;
+use crate::memlock::Memlock;
+use crate::policy::{self, Action, ContainerFacts, Decision};
+use crate::proto::{PLUGIN_SERVICE, api};
+use crate::ttrpc::{Reply, code};
+
+/// Event-mask bit of an NRI event: `1 << (event - 1)`.
+pub const fn event_bit(event: api::Event) -> i32 {
+    1 << (event as i32 - 1)
+}
+
+/// We only need to see container creation.
+pub const SUBSCRIBED_EVENTS: i32 = event_bit(api::Event::CreateContainer);
+
+/// Plugin-service methods we accept and answer with an empty (default) reply
+/// if the runtime sends them although we did not subscribe.
+const IGNORED_METHODS: &[&str] = &[
+    "RunPodSandbox",
+    "UpdatePodSandbox",
+    "PostUpdatePodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "PostCreateContainer",
+    "StartContainer",
+    "PostStartContainer",
+    "UpdateContainer",
+    "PostUpdateContainer",
+    "StopContainer",
+    "RemoveContainer",
+    "ValidateContainerAdjustment",
+];
+
+/// Something the session may want to know besides the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Configured {
+        runtime_name: String,
+        runtime_version: String,
+    },
+    /// The runtime announced it is going down; expect the connection to close.
+    Shutdown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    pub reply: Reply,
+    pub notice: Option<Notice>,
+}
+
+impl Handled {
+    fn reply(reply: Reply) -> Self {
+        Handled {
+            reply,
+            notice: None,
+        }
+    }
+}
+
+/// The memlock plugin's request handler.
+#[derive(Debug)]
+pub struct Handler<R> {
+    default: Memlock,
+    requests: R,
+}
+
+impl<R: MemlockRequests> Handler<R> {
+    /// `default` applies to every RDMA container (`--default-memlock`);
+    /// `requests` finds kroce-cni's per-sandbox requests.
+    pub fn new(default: Memlock, requests: R) -> Self {
+        Handler { default, requests }
+    }
+
+    pub fn default_memlock(&self) -> Memlock {
+        self.default
+    }
+
+    /// Handles one ttrpc request.
+    pub fn handle(&self, service: &str, method: &str, payload: &[u8]) -> Handled {
+        if service != PLUGIN_SERVICE {
+            return Handled::reply(Reply::error(
+                code::UNIMPLEMENTED,
+                format!("service {service:?} is not served here"),
+            ));
+        }
+        match method {
+            "Configure" => self.configure(payload),
+            "Synchronize" => Handled::reply(Reply::Ok(synchronize(payload).encode_to_vec())),
+            "CreateContainer" => {
+                let response = match api::CreateContainerRequest::decode(payload) {
+                    Ok(request) => self.create_container(&request),
+                    Err(err) => {
+                        tracing::error!(error = %err, "undecodable CreateContainer request; container left as is");
+                        api::CreateContainerResponse::default()
+                    }
+                };
+                Handled::reply(Reply::Ok(response.encode_to_vec()))
+            }
+            "Shutdown" => {
+                tracing::info!("runtime is shutting down");
+                Handled {
+                    reply: Reply::Ok(api::Empty {}.encode_to_vec()),
+                    notice: Some(Notice::Shutdown),
+                }
+            }
+            "StateChange" => Handled::reply(Reply::Ok(api::Empty {}.encode_to_vec())),
+            m if IGNORED_METHODS.contains(&m) => {
+                tracing::debug!(method = m, "unsubscribed event; ignored");
+                // An empty payload decodes as the default of every response type.
+                Handled::reply(Reply::Ok(Vec::new()))
+            }
+            other => Handled::reply(Reply::error(
+                code::UNIMPLEMENTED,
+                format!("method {other:?} of {PLUGIN_SERVICE} is not implemented"),
+            )),
+        }
+    }
+
+    fn configure(&self, payload: &[u8]) -> Handled {
+        let (runtime_name, runtime_version) = match api::ConfigureRequest::decode(payload) {
+            Ok(req) => (req.runtime_name, req.runtime_version),
+            Err(err) => {
+                // Nothing in it is needed to subscribe; carry on.
+                tracing::warn!(error = %err, "undecodable Configure request; subscribing anyway");
+                (String::new(), String::new())
+            }
+        };
+        tracing::info!(
+            runtime = %runtime_name,
+            version = %runtime_version,
+            "configured; subscribing to CreateContainer"
+        );
+        let response = api::ConfigureResponse {
+            events: SUBSCRIBED_EVENTS,
+            request_timeout: 0,
+        };
+        Handled {
+            reply: Reply::Ok(response.encode_to_vec()),
+            notice: Some(Notice::Configured {
+                runtime_name,
+                runtime_version,
+            }),
+        }
+    }
+
+    /// The adjustment for a container being created. Never fails.
+    pub fn create_container(
+        &self,
+        request: &api::CreateContainerRequest,
+    ) -> api::CreateContainerResponse {
+        let Some(container) = request.container.as_ref() else {
+            tracing::warn!("CreateContainer without a container; nothing to adjust");
+            return api::CreateContainerResponse::default();
+        };
+        let decision = self.decide(container, request.pod.as_ref());
+        api::CreateContainerResponse {
+            adjust: Some(decision.adjustment()),
+            update: Vec::new(),
+            evict: Vec::new(),
+        }
+    }
+
+    /// The policy decision for a container, with the CNI request looked up and
+    /// everything logged.
+    pub fn decide(&self, container: &api::Container, pod: Option<&api::PodSandbox>) -> Decision {
+        let facts = ContainerFacts::from_nri(container, pod);
+        let cni_request = if facts.sandbox_id.is_empty() {
+            None
+        } else {
+            match self.requests.lookup(&facts.sandbox_id) {
+                Ok(found) => found,
+                Err(err) => {
+                    tracing::warn!(container = %facts.id, error = %err, "memlock request file skipped");
+                    None
+                }
+            }
+        };
+        let decision = policy::decide(&facts, cni_request, self.default);
+        for warning in &decision.warnings {
+            tracing::warn!(container = %facts.id, "{warning}");
+        }
+        let name = pod
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .unwrap_or_default();
+        match decision.action {
+            Action::Untouched => {
+                tracing::debug!(container = %facts.id, pod = %name, "no RDMA devices; untouched");
+            }
+            Action::Set(limit) => tracing::info!(
+                container = %facts.id,
+                pod = %name,
+                container_name = %container.name,
+                memlock = %limit,
+                evidence = ?decision.evidence,
+                "setting RLIMIT_MEMLOCK"
+            ),
+            Action::AlreadySufficient { existing, wanted } => tracing::info!(
+                container = %facts.id,
+                pod = %name,
+                soft = existing.soft,
+                hard = existing.hard,
+                wanted = %wanted,
+                "RLIMIT_MEMLOCK in the spec already suffices"
+            ),
+        }
+        decision
+    }
+}
+
+/// Accepts the runtime's state. We keep none; echoing `more` is what the
+/// runtime requires while it splits a large sync over several messages.
+fn synchronize(payload: &[u8]) -> api::SynchronizeResponse {
+    match api::SynchronizeRequest::decode(payload) {
+        Ok(req) => {
+            tracing::info!(
+                pods = req.pods.len(),
+                containers = req.containers.len(),
+                more = req.more,
+                "synchronized"
+            );
+            api::SynchronizeResponse {
+                update: Vec::new(),
+                more: req.more,
+            }
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "undecodable Synchronize request");
+            api::SynchronizeResponse::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn handler() -> Handler<BTreeMap<String, Memlock>> {
+        let mut requests = BTreeMap::new();
+        requests.insert("sb-cni".to_owned(), Memlock::Bytes(1 << 30));
+        Handler::new(Memlock::Unlimited, requests)
+    }
+
+    fn ok_payload(h: Handled) -> Vec<u8> {
+        match h.reply {
+            Reply::Ok(p) => p,
+            Reply::Err { code, message } => panic!("error {code}: {message}"),
+        }
+    }
+
+    #[test]
+    fn event_mask_is_bit_three_for_create_container() {
+        assert_eq!(SUBSCRIBED_EVENTS, 0b1000);
+        assert_eq!(event_bit(api::Event::RunPodSandbox), 1);
+        assert_eq!(event_bit(api::Event::ValidateContainerAdjustment), 1 << 13);
+    }
+
+    #[test]
+    fn configure_subscribes_and_reports_runtime() {
+        let req = api::ConfigureRequest {
+            runtime_name: "containerd".into(),
+            runtime_version: "2.1.0".into(),
+            ..Default::default()
+        };
+        let h = handler().handle(PLUGIN_SERVICE, "Configure", &req.encode_to_vec());
+        assert_eq!(
+            h.notice,
+            Some(Notice::Configured {
+                runtime_name: "containerd".into(),
+                runtime_version: "2.1.0".into()
+            })
+        );
+        let resp = api::ConfigureResponse::decode(ok_payload(h).as_slice()).unwrap();
+        assert_eq!(resp.events, 8);
+    }
+
+    #[test]
+    fn synchronize_echoes_more() {
+        for more in [true, false] {
+            let req = api::SynchronizeRequest {
+                more,
+                ..Default::default()
+            };
+            let h = handler().handle(PLUGIN_SERVICE, "Synchronize", &req.encode_to_vec());
+            let resp = api::SynchronizeResponse::decode(ok_payload(h).as_slice()).unwrap();
+            assert_eq!(resp.more, more);
+            assert!(resp.update.is_empty());
+        }
+    }
+
+    #[test]
+    fn create_container_uses_the_cni_request_of_the_sandbox() {
+        let h = Handler::new(Memlock::Bytes(0), handler().requests);
+        let req = api::CreateContainerRequest {
+            pod: Some(api::PodSandbox {
+                id: "sb-cni".into(),
+                ..Default::default()
+            }),
+            container: Some(api::Container {
+                id: "c".into(),
+                pod_sandbox_id: "sb-cni".into(),
+                ..Default::default()
+            }),
+        };
+        let resp = h.create_container(&req);
+        let adj = resp.adjust.unwrap();
+        assert_eq!(adj.rlimits.len(), 1);
+        assert_eq!(adj.rlimits[0].hard, 1 << 30);
+    }
+
+    #[test]
+    fn undecodable_create_container_gets_an_empty_adjustment_not_an_error() {
+        let h = handler().handle(PLUGIN_SERVICE, "CreateContainer", &[0xff, 0xff, 0xff]);
+        let resp = api::CreateContainerResponse::decode(ok_payload(h).as_slice()).unwrap();
+        assert!(resp.adjust.is_none_or(|a| a.rlimits.is_empty()));
+    }
+
+    #[test]
+    fn unknown_methods_and_services_are_unimplemented() {
+        let h = handler().handle(PLUGIN_SERVICE, "Frobnicate", &[]);
+        assert!(
+            matches!(h.reply, Reply::Err { code: code::UNIMPLEMENTED, ref message } if message.contains("Frobnicate"))
+        );
+        let h = handler().handle("other.Service", "Configure", &[]);
+        assert!(matches!(
+            h.reply,
+            Reply::Err {
+                code: code::UNIMPLEMENTED,
+                ..
+            }
+        ));
+        // Known but unsubscribed: an empty, successful reply.
+        let h = handler().handle(PLUGIN_SERVICE, "StartContainer", &[]);
+        assert_eq!(h.reply, Reply::Ok(Vec::new()));
+    }
+
+    #[test]
+    fn shutdown_is_noticed() {
+        let h = handler().handle(PLUGIN_SERVICE, "Shutdown", &[]);
+        assert_eq!(h.notice, Some(Notice::Shutdown));
+    }
+}

@@ -1,0 +1,159 @@
+//! `kroce-nri`: the NRI plugin that gives RDMA containers their memlock limit.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use kroce_nri::cni_requests::{DEFAULT_STATE_DIR, StateDir};
+use kroce_nri::handler::Handler;
+use kroce_nri::session::{self, Backoff, PluginState, SessionOptions};
+use kroce_nri::{
+    DEFAULT_NRI_SOCKET, DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, Memlock, nri_reachable,
+};
+
+/// Sets RLIMIT_MEMLOCK (soft = hard) on every container that holds kroce RDMA
+/// devices — device-plugin annotation kroce.io/rdma-devices.*, or device nodes
+/// under /dev/infiniband/ — and on the containers of pods whose kroce-cni
+/// attachment asked for memlock. Other containers are never touched. Needs NRI
+/// enabled in the runtime (containerd >= 1.7.7, CRI-O >= 1.29).
+#[derive(Debug, Parser)]
+#[command(name = "kroce-nri", version)]
+struct Cli {
+    /// The runtime's NRI socket.
+    #[arg(long, env = "KROCE_NRI_SOCKET", default_value = DEFAULT_NRI_SOCKET)]
+    socket: PathBuf,
+
+    /// kroce-cni's state directory (memlock requests are read from <dir>/memlock/<sandbox>.json).
+    #[arg(long, env = "KROCE_CNI_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+
+    /// Limit for RDMA containers that ask for less: "unlimited" or bytes. The
+    /// largest of this, the device-plugin annotation and the CNI request wins.
+    #[arg(long, env = "KROCE_DEFAULT_MEMLOCK", default_value = "unlimited")]
+    default_memlock: Memlock,
+
+    /// Name to register with the runtime ([a-zA-Z0-9_.+-]).
+    #[arg(long, default_value = DEFAULT_PLUGIN_NAME)]
+    plugin_name: String,
+
+    /// Two-digit index; the runtime calls plugins in ascending index order.
+    #[arg(long, default_value = DEFAULT_PLUGIN_INDEX)]
+    plugin_index: String,
+
+    /// Seconds to wait for the runtime to acknowledge registration.
+    #[arg(long, default_value_t = 5)]
+    registration_timeout: u64,
+
+    /// Longest wait between reconnection attempts, in seconds.
+    #[arg(long, default_value_t = 30)]
+    max_backoff: u64,
+
+    /// Only check that NRI is reachable, print what to do if not, and exit (0 = reachable).
+    #[arg(long)]
+    check: bool,
+
+    /// Log format on stderr; the level comes from RUST_LOG (default info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    if cli.check {
+        let status = nri_reachable(&cli.socket);
+        println!("{}", status.message());
+        if let Some(hint) = status.hint() {
+            println!("{hint}");
+            return ExitCode::FAILURE;
+        }
+        return ExitCode::SUCCESS;
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // No colour codes in container logs.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let options = SessionOptions::new(
+        &cli.plugin_name,
+        &cli.plugin_index,
+        Duration::from_secs(cli.registration_timeout),
+    )
+    .context("invalid --plugin-name/--plugin-index")?;
+    let backoff = Backoff {
+        initial: Duration::from_millis(500),
+        max: Duration::from_secs(cli.max_backoff.max(1)),
+    };
+    let handler = Handler::new(cli.default_memlock, StateDir::new(&cli.state_dir));
+    let (state, _) = tokio::sync::watch::channel(PluginState::Connecting { last_error: None });
+
+    tracing::info!(
+        socket = %cli.socket.display(),
+        state_dir = %cli.state_dir.display(),
+        default_memlock = %cli.default_memlock,
+        name = options.name(),
+        index = options.index(),
+        "starting"
+    );
+    let status = nri_reachable(&cli.socket);
+    if !status.is_reachable() {
+        tracing::warn!(
+            "{} — will keep retrying. {}",
+            status.message(),
+            status.hint().unwrap_or("")
+        );
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(term) => term,
+                    Err(err) => {
+                        tracing::warn!("cannot watch SIGTERM: {err}");
+                        let _ = tokio::signal::ctrl_c().await;
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("stopping");
+        };
+        session::run(&cli.socket, &options, backoff, &handler, &state, shutdown).await;
+    });
+    Ok(())
+}

@@ -1,0 +1,454 @@
+//! One NRI connection (register, then serve the runtime's requests) and the
+//! reconnect loop around it.
+//!
+//! On the trunk, the plugin is the ttrpc *client* of the runtime's Runtime
+//! service on mux conn 2 (it sends `RegisterPlugin` there) and the ttrpc
+//! *server* of its own Plugin service on mux conn 1 (the runtime sends
+//! `Configure`, `Synchronize`, `CreateContainer`, ... there).
+
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use prost::Message;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::cni_requests::MemlockRequests;
+use crate::handler::{Handler, Notice};
+use crate::mux::{self, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use crate::proto::{RUNTIME_SERVICE, api, envelope};
+use crate::ttrpc::{self, Decoded, Reply, TtrpcError, code};
+
+/// Stream ID of our one request (RegisterPlugin): client streams are odd.
+const REGISTER_STREAM: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("plugin name {0:?} is empty or has characters outside [a-zA-Z0-9_.+-]")]
+    Name(String),
+    #[error("plugin index {0:?} is not two digits (00-99)")]
+    Index(String),
+}
+
+/// How the plugin registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionOptions {
+    name: String,
+    index: String,
+    registration_timeout: Duration,
+}
+
+impl SessionOptions {
+    /// Validates `name` and `index` as the NRI runtime will.
+    pub fn new(
+        name: &str,
+        index: &str,
+        registration_timeout: Duration,
+    ) -> Result<Self, OptionsError> {
+        let name_ok = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+'));
+        if !name_ok {
+            return Err(OptionsError::Name(name.to_owned()));
+        }
+        if !(index.len() == 2 && index.bytes().all(|b| b.is_ascii_digit())) {
+            return Err(OptionsError::Index(index.to_owned()));
+        }
+        Ok(SessionOptions {
+            name: name.to_owned(),
+            index: index.to_owned(),
+            registration_timeout,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn index(&self) -> &str {
+        &self.index
+    }
+}
+
+/// Reconnect delays: doubling from `initial` up to `max`, reset after a
+/// connection that registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    pub fn next(&self, current: Duration) -> Duration {
+        (current * 2).min(self.max).max(self.initial)
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where the plugin stands, for health reporting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginState {
+    /// Not (yet) registered; `last_error` says why the last attempt ended.
+    Connecting { last_error: Option<String> },
+    /// The runtime accepted the registration.
+    Registered,
+    /// The runtime configured us: container creations reach the plugin.
+    Configured {
+        runtime_name: String,
+        runtime_version: String,
+    },
+}
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("connecting to NRI socket {socket}: {source}")]
+    Connect { socket: PathBuf, source: io::Error },
+    #[error("NRI connection: {0}")]
+    Io(#[from] io::Error),
+    #[error("the runtime closed the NRI connection")]
+    Closed,
+    #[error("malformed NRI trunk: {0}")]
+    Mux(#[from] MuxError),
+    #[error("cannot encode a reply: {0}")]
+    Encode(#[from] TtrpcError),
+    #[error("the runtime rejected the registration (code {code}): {message}")]
+    Rejected { code: i32, message: String },
+    #[error("the runtime did not acknowledge the registration within {0:?}")]
+    RegistrationTimeout(Duration),
+}
+
+/// How one connection ended.
+#[derive(Debug)]
+pub struct SessionEnd {
+    /// Whether the runtime had accepted our registration.
+    pub registered: bool,
+    pub cause: SessionError,
+}
+
+/// Serves one connection until it ends. Never panics on peer input: a bad
+/// request gets an error reply, a trunk that cannot be parsed ends the
+/// connection (and the caller reconnects).
+pub async fn serve<S, R>(
+    stream: S,
+    options: &SessionOptions,
+    handler: &Handler<R>,
+    state: &watch::Sender<PluginState>,
+) -> SessionEnd
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    R: MemlockRequests,
+{
+    let mut registered = false;
+    let cause = match serve_inner(stream, options, handler, state, &mut registered).await {
+        Ok(never) => match never {},
+        Err(cause) => cause,
+    };
+    SessionEnd { registered, cause }
+}
+
+enum Never {}
+
+async fn serve_inner<S, R>(
+    stream: S,
+    options: &SessionOptions,
+    handler: &Handler<R>,
+    state: &watch::Sender<PluginState>,
+    registered: &mut bool,
+) -> Result<Never, SessionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    R: MemlockRequests,
+{
+    let (mut reader, mut writer) = tokio::io::split(stream);
+
+    let register = api::RegisterPluginRequest {
+        plugin_name: options.name.clone(),
+        plugin_idx: options.index.clone(),
+        nri_version: String::new(),
+    };
+    let frame = ttrpc::encode_request(
+        REGISTER_STREAM,
+        RUNTIME_SERVICE,
+        "RegisterPlugin",
+        register.encode_to_vec(),
+    )?;
+    writer
+        .write_all(&mux::encode(RUNTIME_SERVICE_CONN, &frame))
+        .await?;
+    tracing::debug!(name = %options.name, index = %options.index, "registering");
+
+    let deadline = tokio::time::Instant::now() + options.registration_timeout;
+    let mut trunk = mux::Decoder::new();
+    let mut plugin_conn = ttrpc::Decoder::new();
+    let mut runtime_conn = ttrpc::Decoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+
+    loop {
+        let n = if *registered {
+            reader.read(&mut buf).await?
+        } else {
+            tokio::select! {
+                read = reader.read(&mut buf) => read?,
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(SessionError::RegistrationTimeout(options.registration_timeout));
+                }
+            }
+        };
+        if n == 0 {
+            return Err(SessionError::Closed);
+        }
+        trunk.push(&buf[..n]);
+        while let Some(frame) = trunk.next_frame()? {
+            match frame.conn {
+                PLUGIN_SERVICE_CONN => plugin_conn.push(&frame.payload),
+                RUNTIME_SERVICE_CONN => runtime_conn.push(&frame.payload),
+                // Go's mux drops frames for connections nobody opened.
+                other => tracing::warn!(
+                    conn = other,
+                    len = frame.payload.len(),
+                    "frame for unknown mux conn dropped"
+                ),
+            }
+        }
+
+        while let Some(item) = runtime_conn.next_message() {
+            if let Some(reply) = registration_reply(item) {
+                match reply {
+                    Reply::Ok(_) => {
+                        *registered = true;
+                        state.send_replace(PluginState::Registered);
+                        tracing::info!(name = %options.name, index = %options.index, "registered with the runtime");
+                    }
+                    Reply::Err { code, message } => {
+                        return Err(SessionError::Rejected { code, message });
+                    }
+                }
+            }
+        }
+
+        while let Some(item) = plugin_conn.next_message() {
+            if let Some((stream_id, reply)) = answer(item, handler, state) {
+                let frame = ttrpc::encode_response(stream_id, &reply)?;
+                writer
+                    .write_all(&mux::encode(PLUGIN_SERVICE_CONN, &frame))
+                    .await?;
+            }
+        }
+    }
+}
+
+/// The registration result, if `item` is the runtime's answer to it.
+fn registration_reply(item: Decoded) -> Option<Reply> {
+    match item {
+        Decoded::Message { header, data }
+            if header.kind == ttrpc::TYPE_RESPONSE && header.stream_id == REGISTER_STREAM =>
+        {
+            match envelope::Response::decode(data.as_slice()) {
+                Ok(response) => Some(Reply::from_response(response)),
+                Err(err) => Some(Reply::error(
+                    code::INTERNAL,
+                    format!("undecodable RegisterPlugin response: {err}"),
+                )),
+            }
+        }
+        other => {
+            tracing::warn!(item = ?header_of(&other), "unexpected message on the runtime service conn; ignored");
+            None
+        }
+    }
+}
+
+/// The reply to a message on the plugin service conn (None: nothing to answer).
+fn answer<R: MemlockRequests>(
+    item: Decoded,
+    handler: &Handler<R>,
+    state: &watch::Sender<PluginState>,
+) -> Option<(u32, Reply)> {
+    match item {
+        Decoded::Oversized { header } => {
+            tracing::warn!(
+                stream = header.stream_id,
+                len = header.length,
+                "oversized ttrpc message skipped"
+            );
+            (header.kind == ttrpc::TYPE_REQUEST).then(|| {
+                (
+                    header.stream_id,
+                    Reply::error(
+                        code::RESOURCE_EXHAUSTED,
+                        format!(
+                            "message length {} exceeds maximum message size of {}",
+                            header.length,
+                            ttrpc::MAX_DATA_LEN
+                        ),
+                    ),
+                )
+            })
+        }
+        Decoded::Message { header, data } if header.kind == ttrpc::TYPE_REQUEST => {
+            let reply = match envelope::Request::decode(data.as_slice()) {
+                Ok(request) => {
+                    let handled =
+                        handler.handle(&request.service, &request.method, &request.payload);
+                    match handled.notice {
+                        Some(Notice::Configured {
+                            runtime_name,
+                            runtime_version,
+                        }) => {
+                            state.send_replace(PluginState::Configured {
+                                runtime_name,
+                                runtime_version,
+                            });
+                        }
+                        Some(Notice::Shutdown) | None => {}
+                    }
+                    handled.reply
+                }
+                Err(err) => {
+                    tracing::warn!(stream = header.stream_id, error = %err, "undecodable ttrpc request");
+                    Reply::error(
+                        code::INVALID_ARGUMENT,
+                        format!("undecodable ttrpc request: {err}"),
+                    )
+                }
+            };
+            Some((header.stream_id, reply))
+        }
+        Decoded::Message { header, .. } => {
+            tracing::warn!(
+                ?header,
+                "unexpected ttrpc message type on the plugin service conn; ignored"
+            );
+            None
+        }
+    }
+}
+
+fn header_of(item: &Decoded) -> ttrpc::Header {
+    match item {
+        Decoded::Message { header, .. } | Decoded::Oversized { header } => *header,
+    }
+}
+
+/// Connects to the NRI socket and serves the connection until it ends.
+pub async fn connect_and_serve<R: MemlockRequests>(
+    socket: &Path,
+    options: &SessionOptions,
+    handler: &Handler<R>,
+    state: &watch::Sender<PluginState>,
+) -> SessionEnd {
+    match tokio::net::UnixStream::connect(socket).await {
+        Ok(stream) => {
+            tracing::debug!(socket = %socket.display(), "connected");
+            serve(stream, options, handler, state).await
+        }
+        Err(source) => SessionEnd {
+            registered: false,
+            cause: SessionError::Connect {
+                socket: socket.to_owned(),
+                source,
+            },
+        },
+    }
+}
+
+/// Keeps the plugin connected until `shutdown` completes: connect, register,
+/// serve; when the runtime goes away, wait (with backoff) and start over.
+pub async fn run<R, F>(
+    socket: &Path,
+    options: &SessionOptions,
+    backoff: Backoff,
+    handler: &Handler<R>,
+    state: &watch::Sender<PluginState>,
+    shutdown: F,
+) where
+    R: MemlockRequests,
+    F: Future<Output = ()>,
+{
+    tokio::pin!(shutdown);
+    let mut delay = backoff.initial;
+    let mut last_error = String::new();
+    loop {
+        let end = tokio::select! {
+            () = &mut shutdown => return,
+            end = connect_and_serve(socket, options, handler, state) => end,
+        };
+        if end.registered {
+            delay = backoff.initial;
+        }
+        let error = end.cause.to_string();
+        // Say it once; a runtime that stays away must not flood the log.
+        if error == last_error {
+            tracing::debug!(retry_in = ?delay, "{error}");
+        } else {
+            tracing::warn!(retry_in = ?delay, "{error}");
+        }
+        state.send_replace(PluginState::Connecting {
+            last_error: Some(error.clone()),
+        });
+        last_error = error;
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = backoff.next(delay);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated_as_nri_does() {
+        let t = Duration::from_secs(5);
+        assert!(SessionOptions::new("kroce-memlock", "50", t).is_ok());
+        assert!(SessionOptions::new("a_b.c+d", "00", t).is_ok());
+        assert_eq!(
+            SessionOptions::new("kroce memlock", "50", t),
+            Err(OptionsError::Name("kroce memlock".into()))
+        );
+        assert_eq!(
+            SessionOptions::new("", "50", t),
+            Err(OptionsError::Name(String::new()))
+        );
+        for bad in ["5", "500", "a1", ""] {
+            assert_eq!(
+                SessionOptions::new("x", bad, t),
+                Err(OptionsError::Index(bad.into()))
+            );
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_max() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(350),
+        };
+        assert_eq!(
+            b.next(Duration::from_millis(100)),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            b.next(Duration::from_millis(200)),
+            Duration::from_millis(350)
+        );
+        assert_eq!(
+            b.next(Duration::from_millis(350)),
+            Duration::from_millis(350)
+        );
+    }
+}
