@@ -1,0 +1,865 @@
+//! The admission state machine as one plain function: the cluster's nodes
+//! (their persisted admission state and what the operator observes), the
+//! finished test runs and the clock go in; the next states and the actions
+//! the operator must carry out come out.
+//!
+//! ```text
+//! Pending ──(config in sync, slot free, peer found)──▶ Testing
+//! Testing ──(verdict passed)──▶ Admitted
+//! Testing ──(verdict failed | error | timeout)──▶ Failed(retry_at = now + backoff)
+//! Failed ──(now >= retry_at, or NIC config changed)──▶ Testing
+//! Admitted ──(NIC config generation changed)──▶ Pending
+//! Admitted ──(retest interval elapsed)──▶ Testing (stays schedulable meanwhile)
+//! any ──(admission disabled)──▶ Admitted on configuration alone (when in sync)
+//! Admitted on configuration alone ──(testing enabled)──▶ Testing (stays schedulable)
+//! Testing ──(config changing, node or peer gone, testing disabled)──▶ aborted:
+//!          back to Admitted (re-test of the same generation) or Pending; not a failure
+//! ```
+//!
+//! Pairing is deterministic: a candidate is tested against an admitted node
+//! that is not already in a run (picked by a hash of the candidate's name so
+//! the load spreads); when no node is admitted yet, candidates are paired
+//! with each other in name order and both are judged by the one run. At most
+//! `max_concurrent_nodes` nodes are under test at once; a bootstrap pair may start
+//! with a limit of 1 when nothing else runs, or the first node could never be
+//! admitted. Test pods are deleted on every way out of `Testing` (result,
+//! timeout, abort) and pods of runs no node knows about are deleted too.
+
+use crate::thresholds::{Measurement, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Seconds since the Unix epoch.
+pub type UnixSeconds = u64;
+
+/// The taint an unadmitted node carries (when marking by taint).
+pub const UNREADY_TAINT_KEY: &str = "kroce.io/rdma-unready";
+/// The label an admitted node carries (when marking by label).
+pub const READY_LABEL_KEY: &str = "kroce.io/rdma-ready";
+
+/// How a node's admission is made visible to the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Marking {
+    /// `kroce.io/rdma-unready:NoSchedule` while not admitted.
+    #[default]
+    Taint,
+    /// `kroce.io/rdma-ready=true` once admitted.
+    Label,
+}
+
+/// Cluster-wide admission settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionPolicy {
+    /// `false`: admit on configuration alone, run no tests.
+    pub enabled: bool,
+    pub marking: Marking,
+    /// At most this many nodes under test at once (cluster-wide).
+    pub max_concurrent_nodes: u32,
+    /// A run not finished after this long is failed and cleaned up.
+    pub test_timeout_seconds: u64,
+    /// First retry delay after a failure; doubles per consecutive failure.
+    pub backoff_base_seconds: u64,
+    /// The retry delay never exceeds this.
+    pub backoff_max_seconds: u64,
+    /// Re-test admitted nodes this often (`None`: only on config change).
+    pub retest_interval_seconds: Option<u64>,
+}
+
+impl Default for AdmissionPolicy {
+    fn default() -> Self {
+        AdmissionPolicy {
+            enabled: true,
+            marking: Marking::Taint,
+            max_concurrent_nodes: 2,
+            test_timeout_seconds: 600,
+            backoff_base_seconds: 60,
+            backoff_max_seconds: 3_600,
+            retest_interval_seconds: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("admission.{field} = {value}: {reason}")]
+    Invalid {
+        field: &'static str,
+        value: u64,
+        reason: &'static str,
+    },
+}
+
+impl AdmissionPolicy {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |field, value, reason| {
+            Err(PolicyError::Invalid {
+                field,
+                value,
+                reason,
+            })
+        };
+        if self.max_concurrent_nodes == 0 {
+            return bad("maxConcurrentNodes", 0, "must be at least 1");
+        }
+        if self.test_timeout_seconds == 0 {
+            return bad("testTimeoutSeconds", 0, "must be at least 1");
+        }
+        if self.backoff_base_seconds == 0 {
+            return bad("backoffBaseSeconds", 0, "must be at least 1");
+        }
+        if self.backoff_max_seconds < self.backoff_base_seconds {
+            return bad(
+                "backoffMaxSeconds",
+                self.backoff_max_seconds,
+                "must not be below backoffBaseSeconds",
+            );
+        }
+        if self.retest_interval_seconds == Some(0) {
+            return bad("retestIntervalSeconds", 0, "must be at least 1 when set");
+        }
+        Ok(())
+    }
+
+    /// Delay before retry number `failures` (1 = after the first failure):
+    /// base * 2^(failures-1), capped at the maximum.
+    pub fn backoff(&self, failures: u32) -> u64 {
+        let exp = failures.saturating_sub(1).min(63);
+        self.backoff_base_seconds
+            .saturating_mul(1u64 << exp)
+            .min(self.backoff_max_seconds)
+    }
+}
+
+/// One test run: a server pod on `server_node`, a client pod on
+/// `client_node`; `subjects` are the nodes whose admission it decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TestRun {
+    /// DNS-label-safe, unique per run: name test pods after it.
+    pub id: String,
+    pub server_node: String,
+    pub client_node: String,
+    pub subjects: Vec<String>,
+    pub started_at: UnixSeconds,
+    pub deadline: UnixSeconds,
+}
+
+impl TestRun {
+    /// The node at the other end of the run from `node`.
+    pub fn peer_of(&self, node: &str) -> &str {
+        if self.server_node == node {
+            &self.client_node
+        } else {
+            &self.server_node
+        }
+    }
+}
+
+/// Where a node is in admission. Persisted in `RdmaNodeState.status`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "camelCase")]
+pub enum AdmissionPhase {
+    #[default]
+    Pending,
+    #[serde(rename_all = "camelCase")]
+    Testing {
+        run: TestRun,
+        /// Set when an admitted node is re-tested: it stays schedulable and
+        /// goes back to this on abort.
+        previously_admitted: Option<AdmittedAt>,
+    },
+    #[serde(rename_all = "camelCase")]
+    Admitted {
+        #[serde(flatten)]
+        at: AdmittedAt,
+    },
+    #[serde(rename_all = "camelCase")]
+    Failed {
+        at: UnixSeconds,
+        retry_at: UnixSeconds,
+        /// NIC config generation the failed test ran on (a new one retries at once).
+        generation: u64,
+        /// The other end of the failed run (avoided for bootstrap pairing).
+        peer: Option<String>,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmittedAt {
+    pub at: UnixSeconds,
+    /// The NIC config generation the node was admitted with.
+    pub generation: u64,
+    /// Admitted on configuration alone (admission testing disabled).
+    pub without_test: bool,
+}
+
+/// The persisted admission state of a node.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAdmission {
+    pub phase: AdmissionPhase,
+    /// Consecutive failed runs (reset on pass).
+    pub failures: u32,
+    pub last_result: Option<AdmissionRecord>,
+    /// Why the node is waiting, for status display (not an event).
+    pub waiting: Option<String>,
+}
+
+/// What is recorded in `RdmaNodeState.status` for a finished run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRecord {
+    pub run_id: String,
+    pub peer: String,
+    pub finished_at: UnixSeconds,
+    pub passed: bool,
+    pub measurement: Option<Measurement>,
+    /// Which number missed and by how much, or why the run failed.
+    pub message: String,
+}
+
+/// How a run ended, as the operator found it (pods finished, output parsed
+/// and judged; or a pod failed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunOutcome {
+    pub passed: bool,
+    pub measurement: Option<Measurement>,
+    pub message: String,
+}
+
+impl RunOutcome {
+    pub fn from_verdict(verdict: &Verdict, measurement: Measurement) -> Self {
+        RunOutcome {
+            passed: verdict.passed,
+            measurement: Some(measurement),
+            message: verdict.message.clone(),
+        }
+    }
+
+    /// A run that produced no usable numbers (pod error, unparsable output).
+    pub fn error(message: impl Into<String>) -> Self {
+        RunOutcome {
+            passed: false,
+            measurement: None,
+            message: message.into(),
+        }
+    }
+}
+
+/// A node as the operator sees it this reconcile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub name: String,
+    pub admission: NodeAdmission,
+    /// Generation of the node's NIC configuration (`RdmaNodeState` spec).
+    pub config_generation: u64,
+    /// The node agent reports that generation applied.
+    pub config_in_sync: bool,
+    /// Observed: `Some(true)` when the node is marked ready (no taint /
+    /// label set), `None` when unknown. Marks are re-asserted when they differ.
+    pub marked_ready: Option<bool>,
+}
+
+/// Everything the plan needs.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionInput {
+    /// Nodes selected by an `RdmaNetwork` (others are not admitted here).
+    pub nodes: Vec<NodeView>,
+    /// Run ids of test pods that exist (from their labels).
+    pub pod_runs: Vec<String>,
+    /// Finished runs by id.
+    pub outcomes: BTreeMap<String, RunOutcome>,
+    pub now: UnixSeconds,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// What the operator must do, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub enum Action {
+    /// Create the server pod on `run.server_node` and the client pod on
+    /// `run.client_node`, labelled with `run.id`.
+    CreateTestPods { run: TestRun },
+    /// Delete every pod labelled with this run id (absent pods are fine).
+    DeleteTestPods { run_id: String },
+    /// Remove/add the taint, or set/remove the label, per `marking`.
+    MarkNode {
+        node: String,
+        ready: bool,
+        marking: Marking,
+    },
+    /// Write the record into the node's `RdmaNodeState.status`.
+    RecordResult {
+        node: String,
+        record: AdmissionRecord,
+    },
+    Event {
+        node: String,
+        event_type: EventType,
+        reason: String,
+        message: String,
+    },
+}
+
+/// The next states (every input node, by name) and the actions.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AdmissionPlan {
+    pub nodes: BTreeMap<String, NodeAdmission>,
+    pub actions: Vec<Action>,
+}
+
+fn event(node: &str, t: EventType, reason: &str, message: String) -> Action {
+    Action::Event {
+        node: node.to_string(),
+        event_type: t,
+        reason: reason.to_string(),
+        message,
+    }
+}
+
+/// FNV-1a: a stable hash for run ids and peer rotation (std's hasher is
+/// randomly seeded, and plans must be reproducible).
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn run_id(server: &str, client: &str, now: UnixSeconds) -> String {
+    format!(
+        "kroce-adm-{:012x}",
+        fnv1a(&[server, client, &now.to_string()]) & 0xffff_ffff_ffff
+    )
+}
+
+fn is_ready(phase: &AdmissionPhase) -> bool {
+    match phase {
+        AdmissionPhase::Admitted { .. } => true,
+        AdmissionPhase::Testing {
+            previously_admitted,
+            ..
+        } => previously_admitted.is_some(),
+        _ => false,
+    }
+}
+
+fn is_admitted(phase: &AdmissionPhase) -> bool {
+    matches!(phase, AdmissionPhase::Admitted { .. })
+}
+
+/// Plans one reconcile. Invalid policy is an error and plans nothing.
+pub fn plan(
+    input: &AdmissionInput,
+    policy: &AdmissionPolicy,
+) -> Result<AdmissionPlan, PolicyError> {
+    policy.validate()?;
+    let now = input.now;
+    let mut views: Vec<&NodeView> = input.nodes.iter().collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    let by_name: BTreeMap<&str, &NodeView> = views.iter().map(|v| (v.name.as_str(), *v)).collect();
+    let mut next: BTreeMap<String, NodeAdmission> = views
+        .iter()
+        .map(|v| (v.name.clone(), v.admission.clone()))
+        .collect();
+    let mut actions = Vec::new();
+
+    // 1. Runs in progress, from the nodes' Testing phases.
+    let mut runs: BTreeMap<String, TestRun> = BTreeMap::new();
+    for v in &views {
+        if let AdmissionPhase::Testing { run, .. } = &v.admission.phase {
+            runs.entry(run.id.clone()).or_insert_with(|| run.clone());
+        }
+    }
+
+    // 2. Pods of runs nobody is in: left over from a crash or a removed node.
+    let mut deleted: BTreeSet<String> = BTreeSet::new();
+    for id in &input.pod_runs {
+        if !runs.contains_key(id) && deleted.insert(id.clone()) {
+            actions.push(Action::DeleteTestPods { run_id: id.clone() });
+        }
+    }
+
+    // 3. Finish, time out or abort each run.
+    for (id, run) in &runs {
+        let subjects_testing: Vec<&str> = run
+            .subjects
+            .iter()
+            .filter(|s| {
+                by_name.get(s.as_str()).is_some_and(|v| {
+                    matches!(&v.admission.phase, AdmissionPhase::Testing { run: r, .. } if r.id == *id)
+                })
+            })
+            .map(String::as_str)
+            .collect();
+        let abort_reason = if !policy.enabled {
+            Some("admission testing was disabled".to_string())
+        } else if subjects_testing.len() != run.subjects.len() {
+            Some("a node of the run left admission".to_string())
+        } else if let Some(s) = run
+            .subjects
+            .iter()
+            .find(|s| by_name.get(s.as_str()).is_some_and(|v| !v.config_in_sync))
+        {
+            Some(format!("the NIC configuration of {s} is changing"))
+        } else {
+            let server_is_subject = run.subjects.contains(&run.server_node);
+            let client_is_subject = run.subjects.contains(&run.client_node);
+            let peer_ok = |n: &str, is_subject: bool| {
+                is_subject
+                    || by_name
+                        .get(n)
+                        .is_some_and(|v| is_admitted(&v.admission.phase))
+            };
+            if !peer_ok(&run.server_node, server_is_subject)
+                || !peer_ok(&run.client_node, client_is_subject)
+            {
+                Some(format!(
+                    "peer node {} is no longer admitted",
+                    run.peer_of(&run.subjects[0])
+                ))
+            } else {
+                None
+            }
+        };
+
+        let outcome = input.outcomes.get(id);
+        let timed_out = outcome.is_none() && now >= run.deadline;
+        if abort_reason.is_none() && outcome.is_none() && !timed_out {
+            continue;
+        }
+        if deleted.insert(id.clone()) {
+            actions.push(Action::DeleteTestPods { run_id: id.clone() });
+        }
+        for s in &subjects_testing {
+            let Some(v) = by_name.get(s) else { continue };
+            let Some(state) = next.get_mut(*s) else {
+                continue;
+            };
+            let previously = match &v.admission.phase {
+                AdmissionPhase::Testing {
+                    previously_admitted,
+                    ..
+                } => *previously_admitted,
+                _ => None,
+            };
+            let peer = run.peer_of(s).to_string();
+            if let Some(reason) = &abort_reason {
+                state.phase = match previously {
+                    Some(at) if at.generation == v.config_generation => {
+                        AdmissionPhase::Admitted { at }
+                    }
+                    _ => AdmissionPhase::Pending,
+                };
+                actions.push(event(
+                    s,
+                    EventType::Warning,
+                    "AdmissionTestAborted",
+                    format!("test run {id} with {peer} aborted: {reason}"),
+                ));
+                continue;
+            }
+            let (passed, measurement, message) = match outcome {
+                Some(o) => (o.passed, o.measurement.clone(), o.message.clone()),
+                None => (
+                    false,
+                    None,
+                    format!(
+                        "test run timed out after {}s without a result",
+                        run.deadline.saturating_sub(run.started_at)
+                    ),
+                ),
+            };
+            let record = AdmissionRecord {
+                run_id: id.clone(),
+                peer: peer.clone(),
+                finished_at: now,
+                passed,
+                measurement,
+                message: message.clone(),
+            };
+            actions.push(Action::RecordResult {
+                node: s.to_string(),
+                record: record.clone(),
+            });
+            state.last_result = Some(record);
+            if passed {
+                state.failures = 0;
+                state.phase = AdmissionPhase::Admitted {
+                    at: AdmittedAt {
+                        at: now,
+                        generation: v.config_generation,
+                        without_test: false,
+                    },
+                };
+                actions.push(event(
+                    s,
+                    EventType::Normal,
+                    "Admitted",
+                    format!("passed perftests against {peer}: {message}"),
+                ));
+            } else {
+                state.failures = state.failures.saturating_add(1);
+                let retry_at = now.saturating_add(policy.backoff(state.failures));
+                let reason = if timed_out {
+                    "AdmissionTestTimedOut"
+                } else {
+                    "AdmissionFailed"
+                };
+                actions.push(event(
+                    s,
+                    EventType::Warning,
+                    reason,
+                    format!(
+                        "perftests against {peer} failed: {message}; retry in {}s",
+                        retry_at - now
+                    ),
+                ));
+                state.phase = AdmissionPhase::Failed {
+                    at: now,
+                    retry_at,
+                    generation: v.config_generation,
+                    peer: Some(peer),
+                    reason: message,
+                };
+            }
+        }
+    }
+
+    // 4. Per node: disabled admission, config changes, due retries/retests.
+    let mut candidates: Vec<&str> = Vec::new();
+    for v in &views {
+        let Some(state) = next.get_mut(&v.name) else {
+            continue;
+        };
+        state.waiting = None;
+        if matches!(state.phase, AdmissionPhase::Testing { .. }) {
+            continue;
+        }
+        if !policy.enabled {
+            if v.config_in_sync {
+                let already = matches!(
+                    &state.phase,
+                    AdmissionPhase::Admitted { at, .. } if at.generation == v.config_generation
+                );
+                if !already {
+                    state.phase = AdmissionPhase::Admitted {
+                        at: AdmittedAt {
+                            at: now,
+                            generation: v.config_generation,
+                            without_test: true,
+                        },
+                    };
+                    actions.push(event(
+                        &v.name,
+                        EventType::Normal,
+                        "AdmittedWithoutTest",
+                        "admission testing is disabled: admitted on configuration alone".into(),
+                    ));
+                }
+            } else if !is_admitted(&state.phase)
+                || matches!(&state.phase, AdmissionPhase::Admitted { at, .. } if at.generation != v.config_generation)
+            {
+                state.phase = AdmissionPhase::Pending;
+                state.waiting =
+                    Some("waiting for the node agent to apply the NIC configuration".into());
+            }
+            continue;
+        }
+        match state.phase.clone() {
+            AdmissionPhase::Admitted { at } => {
+                if at.generation != v.config_generation {
+                    state.phase = AdmissionPhase::Pending;
+                    actions.push(event(
+                        &v.name,
+                        EventType::Normal,
+                        "AdmissionRevoked",
+                        format!(
+                            "NIC configuration changed (generation {} -> {}): the node must pass perftests again",
+                            at.generation, v.config_generation
+                        ),
+                    ));
+                    if v.config_in_sync {
+                        candidates.push(&v.name);
+                    }
+                } else if !v.config_in_sync {
+                    // Drift being put back on the same generation: stay admitted.
+                } else if at.without_test {
+                    // Testing was enabled after admitting on configuration
+                    // alone: test, staying schedulable meanwhile.
+                    candidates.push(&v.name);
+                } else if let Some(every) = policy.retest_interval_seconds
+                    && now >= at.at.saturating_add(every)
+                {
+                    candidates.push(&v.name);
+                }
+            }
+            AdmissionPhase::Failed {
+                retry_at,
+                generation,
+                ..
+            } => {
+                if !v.config_in_sync {
+                    state.waiting =
+                        Some("waiting for the node agent to apply the NIC configuration".into());
+                } else if now >= retry_at || generation != v.config_generation {
+                    candidates.push(&v.name);
+                }
+            }
+            AdmissionPhase::Pending => {
+                if v.config_in_sync {
+                    candidates.push(&v.name);
+                } else {
+                    state.waiting =
+                        Some("waiting for the node agent to apply the NIC configuration".into());
+                }
+            }
+            AdmissionPhase::Testing { .. } => {}
+        }
+    }
+
+    // 5. Start runs within the concurrency limit.
+    if policy.enabled {
+        start_runs(&views, &mut next, &candidates, policy, now, &mut actions);
+    }
+
+    // 6. Marks follow the phase; re-assert when the observed mark differs.
+    for v in &views {
+        let Some(state) = next.get(&v.name) else {
+            continue;
+        };
+        let ready = is_ready(&state.phase);
+        if v.marked_ready != Some(ready) {
+            actions.push(Action::MarkNode {
+                node: v.name.clone(),
+                ready,
+                marking: policy.marking,
+            });
+        }
+    }
+    Ok(AdmissionPlan {
+        nodes: next,
+        actions,
+    })
+}
+
+fn start_runs(
+    views: &[&NodeView],
+    next: &mut BTreeMap<String, NodeAdmission>,
+    candidates: &[&str],
+    policy: &AdmissionPolicy,
+    now: UnixSeconds,
+    actions: &mut Vec<Action>,
+) {
+    // Nodes already in a run, as subject or as the other end.
+    let mut busy: BTreeSet<String> = BTreeSet::new();
+    let mut testing = 0u32;
+    for st in next.values() {
+        if let AdmissionPhase::Testing { run, .. } = &st.phase {
+            busy.insert(run.server_node.clone());
+            busy.insert(run.client_node.clone());
+        }
+    }
+    for st in next.values() {
+        if matches!(st.phase, AdmissionPhase::Testing { .. }) {
+            testing += 1;
+        }
+    }
+    let admitted: Vec<&str> = views
+        .iter()
+        .filter(|v| v.config_in_sync)
+        .filter(|v| next.get(&v.name).is_some_and(|s| is_admitted(&s.phase)))
+        .map(|v| v.name.as_str())
+        .collect();
+    let in_sync: BTreeSet<&str> = views
+        .iter()
+        .filter(|v| v.config_in_sync)
+        .map(|v| v.name.as_str())
+        .collect();
+    let mut waiting: Vec<(String, String)> = Vec::new();
+
+    for (i, &c) in candidates.iter().enumerate() {
+        if busy.contains(c) || !in_sync.contains(c) {
+            continue;
+        }
+        if testing >= policy.max_concurrent_nodes {
+            waiting.push((
+                c.to_string(),
+                format!(
+                    "waiting for a test slot: {testing} of {} nodes under test",
+                    policy.max_concurrent_nodes
+                ),
+            ));
+            continue;
+        }
+        // An admitted node due for a re-test can serve as a peer for others,
+        // but not for itself.
+        let free_peers: Vec<&str> = admitted
+            .iter()
+            .copied()
+            .filter(|p| *p != c && !busy.contains(*p))
+            .collect();
+        let any_admitted_elsewhere = admitted.iter().any(|p| *p != c);
+        if !free_peers.is_empty() {
+            let peer = free_peers[(fnv1a(&[c]) % free_peers.len() as u64) as usize];
+            let run = TestRun {
+                id: run_id(peer, c, now),
+                server_node: peer.to_string(),
+                client_node: c.to_string(),
+                subjects: vec![c.to_string()],
+                started_at: now,
+                deadline: now.saturating_add(policy.test_timeout_seconds),
+            };
+            begin(next, &run, c, actions);
+            busy.insert(peer.to_string());
+            busy.insert(c.to_string());
+            testing += 1;
+        } else if any_admitted_elsewhere {
+            waiting.push((
+                c.to_string(),
+                "waiting for an admitted peer node to be free".into(),
+            ));
+        } else {
+            // Bootstrap: nobody is admitted; pair with another candidate,
+            // avoiding the partner of a failed run when another exists.
+            let last_peer = next.get(c).and_then(|s| match &s.phase {
+                AdmissionPhase::Failed { peer, .. } => peer.clone(),
+                _ => None,
+            });
+            let others: Vec<&str> = candidates[i + 1..]
+                .iter()
+                .copied()
+                .filter(|o| !busy.contains(*o) && in_sync.contains(o))
+                .collect();
+            let partner = others
+                .iter()
+                .copied()
+                .find(|o| Some(*o) != last_peer.as_deref())
+                .or_else(|| others.first().copied());
+            let Some(partner) = partner else {
+                waiting.push((c.to_string(), "waiting for a peer: no node is admitted and no other node is ready to pair with".into()));
+                continue;
+            };
+            let room = policy.max_concurrent_nodes - testing;
+            if room < 2 && testing > 0 {
+                waiting.push((
+                    c.to_string(),
+                    format!("waiting for two test slots to pair with {partner}"),
+                ));
+                continue;
+            }
+            let run = TestRun {
+                id: run_id(c, partner, now),
+                server_node: c.to_string(),
+                client_node: partner.to_string(),
+                subjects: vec![c.to_string(), partner.to_string()],
+                started_at: now,
+                deadline: now.saturating_add(policy.test_timeout_seconds),
+            };
+            begin(next, &run, c, actions);
+            begin(next, &run, partner, actions);
+            busy.insert(c.to_string());
+            busy.insert(partner.to_string());
+            testing += 2;
+        }
+    }
+    for (node, why) in waiting {
+        if let Some(s) = next.get_mut(&node)
+            && !matches!(s.phase, AdmissionPhase::Testing { .. })
+        {
+            s.waiting = Some(why);
+        }
+    }
+}
+
+fn begin(
+    next: &mut BTreeMap<String, NodeAdmission>,
+    run: &TestRun,
+    node: &str,
+    actions: &mut Vec<Action>,
+) {
+    let Some(state) = next.get_mut(node) else {
+        return;
+    };
+    let previously_admitted = match &state.phase {
+        AdmissionPhase::Admitted { at } => Some(*at),
+        _ => None,
+    };
+    state.phase = AdmissionPhase::Testing {
+        run: run.clone(),
+        previously_admitted,
+    };
+    state.waiting = None;
+    // One create per run, emitted with its first subject.
+    if run.subjects.first().map(String::as_str) == Some(node) {
+        actions.push(Action::CreateTestPods { run: run.clone() });
+    }
+    actions.push(event(
+        node,
+        EventType::Normal,
+        "AdmissionTestStarted",
+        format!(
+            "perftests against {} started (run {}, deadline in {}s)",
+            run.peer_of(node),
+            run.id,
+            run.deadline.saturating_sub(run.started_at)
+        ),
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = AdmissionPolicy {
+            backoff_base_seconds: 30,
+            backoff_max_seconds: 300,
+            ..Default::default()
+        };
+        let got: Vec<u64> = (1..=7).map(|f| p.backoff(f)).collect();
+        assert_eq!(got, vec![30, 60, 120, 240, 300, 300, 300]);
+        assert_eq!(p.backoff(u32::MAX), 300);
+    }
+
+    #[test]
+    fn run_ids_are_dns_labels_and_stable() {
+        let a = run_id("node-a", "node-b", 1000);
+        assert_eq!(a, run_id("node-a", "node-b", 1000));
+        assert_ne!(a, run_id("node-a", "node-b", 1001));
+        assert!(a.len() <= 63);
+        assert!(
+            a.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        );
+    }
+
+    #[test]
+    fn invalid_policy_is_refused_with_the_field() {
+        let p = AdmissionPolicy {
+            max_concurrent_nodes: 0,
+            ..Default::default()
+        };
+        let e = plan(&AdmissionInput::default(), &p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maxConcurrent"), "{e}");
+    }
+}
