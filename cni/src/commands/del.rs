@@ -1,0 +1,77 @@
+//! DEL: idempotent. Releases the VF only when this attachment holds it (an
+//! old pod's late DEL never touches a VF a newer pod holds), always
+//! releases this attachment's IPAM lease and memlock entry.
+
+use super::release::{ipam_release, release_claim};
+use super::{Backends, Node, Request, device_pci};
+use crate::log::Logger;
+use crate::memlock::MemlockDir;
+use crate::protocol::{CniError, code};
+
+pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Result<(), CniError> {
+    let cid = req.env.container_id();
+    let ifname = req.env.ifname();
+    let mut errors = Vec::new();
+
+    // The VF this attachment holds: the config's device when its claim is
+    // ours, else a scan (the device-info file may be gone by now).
+    let hinted = device_pci(&req.conf)
+        .ok()
+        .and_then(|p| node.state.read_claim(&p).ok().flatten())
+        .filter(|c| c.owned_by(cid, ifname))
+        .map(|c| c.vf.pci);
+    let pci = hinted.or_else(|| node.state.find_claim(cid, ifname).map(|c| c.vf.pci));
+
+    let mut released = false;
+    if let Some(pci) = pci {
+        let lock = node
+            .state
+            .lock_vf(&pci, node.lock_timeout)
+            .map_err(|e| CniError::new(code::TRY_AGAIN, e.to_string()))?;
+        match node.state.read_claim(&pci) {
+            Ok(Some(c)) if c.owned_by(cid, ifname) => {
+                let left = release_claim(&c, node, b, log);
+                if left.is_empty() {
+                    lock.remove_file();
+                }
+                errors.extend(left);
+                released = true;
+            }
+            Ok(_) => log.info(&format!(
+                "VF {pci} is no longer held by {cid}/{ifname}: not touched"
+            )),
+            Err(e) => errors.push(e.to_string()),
+        }
+    } else {
+        log.info(&format!("no VF recorded for {cid}/{ifname}"));
+    }
+
+    if !released {
+        // No claim (never added, already deleted, taken over): the lease
+        // and memlock entry of this attachment still go.
+        if let Err(e) = ipam_release(
+            b,
+            &req.conf.raw,
+            &req.env.args,
+            &req.env.path,
+            cid,
+            ifname,
+            req.env.netns.as_deref(),
+        ) {
+            errors.push(e);
+        }
+        if let Err(e) = MemlockDir::new(node.state.root()).forget(cid, ifname) {
+            errors.push(e.to_string());
+        }
+    }
+
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            code::CLEANUP,
+            format!("DEL of {cid}/{ifname} left {} problem(s)", errors.len()),
+        )
+        .with_details(errors.join("; ")))
+    }
+}

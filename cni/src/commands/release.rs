@@ -1,0 +1,267 @@
+//! Giving a VF back: one converging procedure for rollback, DEL, GC and the
+//! takeover of a dead sandbox's VF. It works from the claim's original
+//! state, not from a log of what was done, so it is correct after a crash
+//! at any point and idempotent. State already gone is a note, not an error.
+
+use super::{Backends, Node};
+use crate::ipam::{self, IpamRequest};
+use crate::links::{LinkError, Links};
+use crate::log::Logger;
+use crate::memlock::MemlockDir;
+use crate::netlink::route::LinkInfo;
+use crate::netns::Netns;
+use crate::protocol::{CniArgs, Command};
+use crate::rdma::Moved;
+use crate::state::Claim;
+use std::path::Path;
+
+/// Whether `l` is the claim's VF netdev: the PCI parent when the kernel
+/// reports one (real VFs), else the recorded ifindex (virtual stand-ins).
+pub fn is_our_link(l: &LinkInfo, claim: &Claim) -> bool {
+    match &l.parent_dev {
+        Some(p) => *p == claim.vf.pci.to_string(),
+        None => l.index == claim.original.link.index || Some(l.index) == claim.pod_ifindex,
+    }
+}
+
+fn note_or_error(errors: &mut Vec<String>, log: &Logger, e: &LinkError) {
+    if e.is_gone() {
+        log.info(&format!("already gone: {e}"));
+    } else {
+        errors.push(e.to_string());
+    }
+}
+
+/// The claim's VF netdev in the host netns, wherever it ended up: its
+/// original ifindex, its original name, or the name sysfs shows now (a VF
+/// the kernel returned from a dead netns may be called `devN`).
+pub fn find_host_link(
+    host: &mut dyn Links,
+    claim: &Claim,
+    node: &Node,
+) -> Result<Option<LinkInfo>, LinkError> {
+    if let Some(l) = host.by_index(claim.original.link.index)?
+        && is_our_link(&l, claim)
+    {
+        return Ok(Some(l));
+    }
+    let mut names = vec![claim.original.link.name.clone()];
+    if let Ok(vf) = crate::vf::resolve(&node.host_root, claim.vf.pci)
+        && let Some(n) = vf.netdev
+    {
+        names.push(n);
+    }
+    for n in names {
+        if let Some(l) = host.by_name(&n)?
+            && is_our_link(&l, claim)
+        {
+            return Ok(Some(l));
+        }
+    }
+    Ok(None)
+}
+
+/// Puts the VF back: RDMA device and netdev into the host netns under the
+/// original name, PF-side attributes, MAC, MTU, altnames and up/down as
+/// they were. Returns the errors that are not "already gone".
+pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Vec<String> {
+    let mut errors = Vec::new();
+    let orig = &claim.original.link;
+    let pod_ns = Netns::open(Path::new(&claim.netns))
+        .ok()
+        .filter(|ns| !ns.same_as(&node.host_netns));
+    if pod_ns.is_none() {
+        log.info(&format!("netns {} is gone", claim.netns));
+    }
+
+    // 1. The RDMA device, while its netns still exists.
+    if let (Some(dev), Some(ns)) = (&claim.planned.rdma_device, &pod_ns) {
+        match b.rdma.move_device(dev, ns, &node.host_netns) {
+            Ok(Moved::Yes) => log.info(&format!("RDMA device {dev} back in the host netns")),
+            Ok(Moved::NotFound) => log.info(&format!("RDMA device {dev} not in {}", claim.netns)),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+
+    let mut host = match b.links.open(&node.host_netns) {
+        Ok(h) => h,
+        Err(e) => {
+            errors.push(e.to_string());
+            return errors;
+        }
+    };
+
+    // 2. The netdev, out of the pod netns under its original name.
+    let mut moved_back = false;
+    if let Some(ns) = &pod_ns {
+        match b.links.open(ns) {
+            Ok(mut pod) => match pod.by_name(&claim.ifname) {
+                Ok(Some(l)) if is_our_link(&l, claim) => {
+                    // Its own ifindex back when free; any ifindex otherwise.
+                    let r = match pod.move_to(
+                        l.index,
+                        node.host_netns.fd(),
+                        &orig.name,
+                        Some(orig.index),
+                    ) {
+                        Err(e) if e.errno() == Some(nix::errno::Errno::EEXIST) => {
+                            pod.move_to(l.index, node.host_netns.fd(), &orig.name, None)
+                        }
+                        other => other,
+                    };
+                    match r {
+                        Ok(()) => moved_back = true,
+                        Err(e) => note_or_error(&mut errors, log, &e),
+                    }
+                }
+                Ok(Some(l)) => log.warn(&format!(
+                    "{} in {} (ifindex {}) is not VF {}: left alone",
+                    claim.ifname, claim.netns, l.index, claim.vf.pci
+                )),
+                Ok(None) => {}
+                Err(e) => note_or_error(&mut errors, log, &e),
+            },
+            Err(e) => note_or_error(&mut errors, log, &e),
+        }
+    }
+
+    // 3. PF-side attributes (before the netdev's own MAC: on real VFs a
+    //    PF-side MAC change rewrites the VF netdev's address).
+    if let Some(orig_vf) = &claim.original.vf {
+        for s in &claim.planned.vf_settings {
+            let Some(o) = s.original_in(orig_vf) else {
+                continue;
+            };
+            match b.vf.set(&claim.vf.pf_ifname, claim.vf.vf_index, &o) {
+                Ok(()) => {}
+                Err(e) if e.is_gone() => log.info(&format!("already gone: {e}")),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+    }
+
+    // 4. The netdev's own attributes.
+    let link = if moved_back {
+        host.by_name(&orig.name)
+    } else {
+        find_host_link(host.as_mut(), claim, node)
+    };
+    let link = match link {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            log.info(&format!(
+                "VF {} netdev {} is not in the host netns (vanished, or still in a netns we cannot reach)",
+                claim.vf.pci, orig.name
+            ));
+            return errors;
+        }
+        Err(e) => {
+            note_or_error(&mut errors, log, &e);
+            return errors;
+        }
+    };
+    let mut fix = |r: Result<(), LinkError>| {
+        if let Err(e) = r {
+            note_or_error(&mut errors, log, &e);
+        }
+    };
+    let mut up = link.up;
+    if link.name != orig.name {
+        if up {
+            fix(host.set_up(link.index, false));
+            up = false;
+        }
+        // The kernel refuses a rename to one of the link's own altnames.
+        if link.altnames.contains(&orig.name) {
+            fix(host.del_altname(link.index, &orig.name));
+        }
+        fix(host.rename(link.index, &orig.name));
+    }
+    if let Some(mac) = orig.mac
+        && link.mac != Some(mac)
+    {
+        fix(host.set_mac(link.index, &mac));
+    }
+    if link.mtu != orig.mtu {
+        fix(host.set_mtu(link.index, orig.mtu));
+    }
+    for a in &orig.altnames {
+        if !link.altnames.contains(a) && *a != orig.name {
+            fix(host.add_altname(link.index, a));
+        }
+    }
+    if up != orig.up {
+        fix(host.set_up(link.index, orig.up));
+    }
+    errors
+}
+
+/// Releases what IPAM gave one attachment (with that attachment's config,
+/// `CNI_ARGS` and `CNI_PATH`). Absent leases are fine (host-local and
+/// friends make DEL idempotent).
+pub fn ipam_release(
+    b: &mut Backends<'_>,
+    config: &serde_json::Value,
+    args: &CniArgs,
+    path: &[std::path::PathBuf],
+    container_id: &str,
+    ifname: &str,
+    netns: Option<&Path>,
+) -> Result<(), String> {
+    let Some(plugin) = config
+        .get("ipam")
+        .and_then(|i| i.get("type"))
+        .and_then(serde_json::Value::as_str)
+        .filter(|t| !t.is_empty())
+    else {
+        return Ok(());
+    };
+    let req = IpamRequest {
+        command: Command::Del,
+        plugin,
+        config,
+        container_id: Some(container_id),
+        netns,
+        ifname: Some(ifname),
+        args,
+        path,
+    };
+    ipam::exec_negotiated(b.ipam, &req)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Everything of an attachment recorded in `claim`: the VF, its IPAM lease
+/// and memlock entry, and the claim itself when nothing failed. The caller
+/// holds the VF lock (and removes the lock file when it is done with the
+/// VF: a takeover keeps using it).
+pub fn release_claim(
+    claim: &Claim,
+    node: &Node,
+    b: &mut Backends<'_>,
+    log: &Logger,
+) -> Vec<String> {
+    let mut errors = restore_vf(claim, node, b, log);
+    let args = CniArgs::parse(&claim.cni_args).unwrap_or_default();
+    let netns = Some(Path::new(&claim.netns)).filter(|p| crate::netns::is_alive(p));
+    if let Err(e) = ipam_release(
+        b,
+        &claim.config,
+        &args,
+        &claim.cni_path,
+        &claim.container_id,
+        &claim.ifname,
+        netns,
+    ) {
+        errors.push(e);
+    }
+    if let Err(e) = MemlockDir::new(node.state.root()).forget(&claim.container_id, &claim.ifname) {
+        errors.push(e.to_string());
+    }
+    if errors.is_empty()
+        && let Err(e) = node.state.remove_claim(&claim.vf.pci)
+    {
+        errors.push(e.to_string());
+    }
+    errors
+}

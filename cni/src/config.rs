@@ -1,0 +1,715 @@
+//! The network configuration on stdin, parsed and validated completely
+//! before anything is touched. Pure: bytes (and `CNI_ARGS`) in, a
+//! [`NetConf`] or an error naming the field and value out.
+//!
+//! Keys (see README): `cniVersion`, `name`, `type`, `deviceID`
+//! (`runtimeConfig.deviceID`, Multus' `deviceID`/`pciBusID`,
+//! `runtimeConfig.CNIDeviceInfoFile`), `vlan`, `vlanQoS`, `vlanProto`, `mac`
+//! (`runtimeConfig.mac`, `CNI_ARGS MAC=`), `mtu`, `spoofchk`, `trust`,
+//! `link_state`, `min_tx_rate`, `max_tx_rate`, `rdma`, `memlock`, `ipam`,
+//! `dns`, `logLevel`, `logFile`, `stateDir`, `hostRoot`, `sysfsRoot`,
+//! `procRoot`, `prevResult`, `cni.dev/valid-attachments`.
+
+use crate::addr::Mac;
+use crate::log::LogLevel;
+use crate::memlock::{Memlock, parse_memlock};
+use crate::protocol::{CniArgs, CniError, CniResult, CniVersion, Dns, code};
+use crate::vf_attrs::{LinkState, VlanProto};
+use serde_json::{Map, Value};
+use sriov_helpers::PciAddress;
+use std::path::PathBuf;
+
+/// Why a configuration was refused; each maps to one CNI error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot decode the network configuration: {0}")]
+    Decode(String),
+    #[error("{0}")]
+    Version(String),
+    #[error("invalid {field} {value}: {reason}")]
+    Invalid {
+        field: String,
+        value: String,
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    pub fn code(&self) -> u32 {
+        match self {
+            ConfigError::Decode(_) => code::DECODE,
+            ConfigError::Version(_) => code::INCOMPATIBLE_VERSION,
+            ConfigError::Invalid { .. } => code::INVALID_CONFIG,
+        }
+    }
+}
+
+impl From<ConfigError> for CniError {
+    fn from(e: ConfigError) -> CniError {
+        CniError::new(e.code(), e.to_string())
+    }
+}
+
+fn invalid(field: &str, value: &Value, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Where the VF comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceRef {
+    /// Given in the config; `field` names the key it came from.
+    Pci { addr: PciAddress, field: String },
+    /// To be read from the device-info file (device-info-spec 1.1.0).
+    InfoFile(PathBuf),
+    /// Not given: fine for DEL/GC/STATUS, an error for ADD.
+    Missing,
+}
+
+/// `rdma`: whether the VF's RDMA device follows it into the pod netns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RdmaPolicy {
+    /// Move it when the host's RDMA netns mode is exclusive.
+    #[default]
+    Auto,
+    /// Always move it (ADD fails in shared mode).
+    Always,
+    /// Never move it.
+    Never,
+}
+
+/// PF-side VF attributes asked for (each `None` = leave as is).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VfAttrs {
+    pub vlan: Option<u16>,
+    pub vlan_qos: Option<u8>,
+    pub vlan_proto: Option<VlanProto>,
+    pub spoofchk: Option<bool>,
+    pub trust: Option<bool>,
+    pub link_state: Option<LinkState>,
+    pub min_tx_rate: Option<u32>,
+    pub max_tx_rate: Option<u32>,
+}
+
+/// `ipam`: the delegate's plugin name (the whole config goes to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpamConf {
+    pub plugin: String,
+}
+
+/// One `cni.dev/valid-attachments` entry.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetConf {
+    pub cni_version: CniVersion,
+    pub name: String,
+    pub plugin_type: String,
+    pub device: DeviceRef,
+    pub vf: VfAttrs,
+    /// Final MAC after `runtimeConfig.mac` > `CNI_ARGS MAC` > `mac`.
+    pub mac: Option<Mac>,
+    pub mtu: Option<u32>,
+    pub rdma: RdmaPolicy,
+    pub memlock: Option<Memlock>,
+    pub ipam: Option<IpamConf>,
+    pub dns: Dns,
+    pub log_level: LogLevel,
+    pub log_file: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub host_root: Option<PathBuf>,
+    pub sysfs_root: Option<PathBuf>,
+    pub proc_root: Option<PathBuf>,
+    pub prev_result: Option<CniResult>,
+    pub valid_attachments: Option<Vec<Attachment>>,
+    /// The configuration as received, for the IPAM delegate.
+    pub raw: Value,
+}
+
+/// Only the version, for error objects of configs that fail to parse.
+pub fn peek_version(bytes: &[u8]) -> Option<CniVersion> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    CniVersion::parse(v.get("cniVersion")?.as_str()?)
+}
+
+fn network_name_ok(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(f) if f.is_ascii_alphanumeric())
+        && c.all(|x| x.is_ascii_alphanumeric() || matches!(x, '_' | '.' | '-'))
+}
+
+struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    prefix: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// The value, `null` counted as absent.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(invalid(&self.name(key), v, "must be a string")),
+        }
+    }
+
+    fn uint(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let n = v
+                    .as_u64()
+                    .ok_or_else(|| invalid(&self.name(key), v, "must be a whole number"))?;
+                if n < min || n > max {
+                    return Err(invalid(&self.name(key), v, format!("must be {min}-{max}")));
+                }
+                Ok(Some(n))
+            }
+        }
+    }
+
+    /// `"on"`/`"off"` (sriov-cni's form) or a boolean.
+    fn on_off(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(Value::String(s)) if s == "on" => Ok(Some(true)),
+            Some(Value::String(s)) if s == "off" => Ok(Some(false)),
+            Some(v) => Err(invalid(&self.name(key), v, "must be \"on\" or \"off\"")),
+        }
+    }
+
+    fn abs_path(&self, key: &str) -> Result<Option<PathBuf>, ConfigError> {
+        match self.string(key)? {
+            None => Ok(None),
+            Some(s) if s.starts_with('/') && !s.contains('\0') => Ok(Some(PathBuf::from(s))),
+            Some(s) => Err(invalid(
+                &self.name(key),
+                &Value::String(s.to_string()),
+                "must be an absolute path",
+            )),
+        }
+    }
+
+    fn pci(&self, key: &str) -> Result<Option<PciAddress>, ConfigError> {
+        match self.string(key)? {
+            None => Ok(None),
+            Some(s) => s.parse::<PciAddress>().map(Some).map_err(|e| {
+                invalid(
+                    &self.name(key),
+                    &Value::String(s.to_string()),
+                    e.to_string(),
+                )
+            }),
+        }
+    }
+
+    fn mac(&self, key: &str) -> Result<Option<Mac>, ConfigError> {
+        match self.string(key)? {
+            None => Ok(None),
+            Some(s) => parse_unicast_mac(s)
+                .map(Some)
+                .map_err(|e| invalid(&self.name(key), &Value::String(s.to_string()), e)),
+        }
+    }
+}
+
+fn parse_unicast_mac(s: &str) -> Result<Mac, String> {
+    let m: Mac = s.parse()?;
+    if m.is_multicast() {
+        return Err("is a multicast address".into());
+    }
+    if m.is_zero() {
+        return Err("is all zeros".into());
+    }
+    Ok(m)
+}
+
+/// Parses and validates a network configuration.
+pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
+    let raw: Value =
+        serde_json::from_slice(bytes).map_err(|e| ConfigError::Decode(e.to_string()))?;
+    let obj = raw
+        .as_object()
+        .ok_or_else(|| ConfigError::Decode("the configuration is not a JSON object".into()))?;
+    let top = Fields { obj, prefix: "" };
+
+    let version_s = top
+        .string("cniVersion")
+        .map_err(|e| ConfigError::Version(e.to_string()))?
+        .ok_or_else(|| ConfigError::Version("cniVersion is missing".into()))?;
+    let cni_version = CniVersion::parse(version_s).ok_or_else(|| {
+        ConfigError::Version(format!(
+            "cniVersion {version_s:?} is not supported (supported: 0.4.0, 1.0.0, 1.1.0)"
+        ))
+    })?;
+
+    let name = top
+        .string("name")?
+        .ok_or_else(|| invalid("name", &Value::Null, "is required"))?;
+    if !network_name_ok(name) {
+        return Err(invalid(
+            "name",
+            &Value::String(name.into()),
+            "must start with a letter or digit and hold only letters, digits, '_', '.', '-'",
+        ));
+    }
+    let plugin_type = top
+        .string("type")?
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            invalid(
+                "type",
+                obj.get("type").unwrap_or(&Value::Null),
+                "is required",
+            )
+        })?;
+
+    let empty = Map::new();
+    let rc_obj = match top.get("runtimeConfig") {
+        None => &empty,
+        Some(Value::Object(m)) => m,
+        Some(v) => return Err(invalid("runtimeConfig", v, "must be an object")),
+    };
+    let rc = Fields {
+        obj: rc_obj,
+        prefix: "runtimeConfig.",
+    };
+
+    // Device: every explicit source must agree; the device-info file is
+    // the fallback.
+    let mut explicit: Vec<(String, PciAddress)> = Vec::new();
+    for (fields, key) in [(&rc, "deviceID"), (&top, "deviceID"), (&top, "pciBusID")] {
+        if let Some(a) = fields.pci(key)? {
+            explicit.push((fields.name(key), a));
+        }
+    }
+    if let Some((f0, a0)) = explicit.first()
+        && let Some((f1, a1)) = explicit.iter().find(|(_, a)| a != a0)
+    {
+        return Err(invalid(
+            f1,
+            &Value::String(a1.to_string()),
+            format!("disagrees with {f0} {a0}"),
+        ));
+    }
+    let device = match explicit.into_iter().next() {
+        Some((field, addr)) => DeviceRef::Pci { addr, field },
+        None => match rc.abs_path("CNIDeviceInfoFile")? {
+            Some(p) => DeviceRef::InfoFile(p),
+            None => DeviceRef::Missing,
+        },
+    };
+
+    let vlan = top.uint("vlan", 0, 4094)?.map(|v| v as u16);
+    let vlan_qos = top.uint("vlanQoS", 0, 7)?.map(|v| v as u8);
+    let vlan_proto = match top.string("vlanProto")? {
+        None => None,
+        Some(s) => Some(VlanProto::parse(s).ok_or_else(|| {
+            invalid(
+                "vlanProto",
+                &Value::String(s.into()),
+                "must be \"802.1Q\" or \"802.1ad\"",
+            )
+        })?),
+    };
+    if let Some(q) = vlan_qos
+        && q != 0
+        && vlan.unwrap_or(0) == 0
+    {
+        return Err(invalid("vlanQoS", &Value::from(q), "needs a non-zero vlan"));
+    }
+    if let Some(p) = vlan_proto {
+        if vlan.is_none() {
+            return Err(invalid(
+                "vlanProto",
+                &Value::String(p.to_string()),
+                "needs vlan",
+            ));
+        }
+        if p == VlanProto::Dot1Ad && vlan == Some(0) {
+            return Err(invalid(
+                "vlanProto",
+                &Value::String(p.to_string()),
+                "802.1ad needs a non-zero vlan",
+            ));
+        }
+    }
+    let link_state = match top.string("link_state")? {
+        None => None,
+        Some(s) => Some(LinkState::parse(s).ok_or_else(|| {
+            invalid(
+                "link_state",
+                &Value::String(s.into()),
+                "must be \"auto\", \"enable\" or \"disable\"",
+            )
+        })?),
+    };
+    let min_tx_rate = top
+        .uint("min_tx_rate", 0, u64::from(u32::MAX))?
+        .map(|v| v as u32);
+    let max_tx_rate = top
+        .uint("max_tx_rate", 0, u64::from(u32::MAX))?
+        .map(|v| v as u32);
+    if let (Some(min), Some(max)) = (min_tx_rate, max_tx_rate)
+        && max != 0
+        && min > max
+    {
+        return Err(invalid(
+            "min_tx_rate",
+            &Value::from(min),
+            format!("is above max_tx_rate {max}"),
+        ));
+    }
+    let vf = VfAttrs {
+        vlan,
+        vlan_qos,
+        vlan_proto,
+        spoofchk: top.on_off("spoofchk")?,
+        trust: top.on_off("trust")?,
+        link_state,
+        min_tx_rate,
+        max_tx_rate,
+    };
+
+    let mac_args = match args.get("MAC") {
+        None => None,
+        Some(s) => Some(
+            parse_unicast_mac(s)
+                .map_err(|e| invalid("CNI_ARGS MAC", &Value::String(s.into()), e))?,
+        ),
+    };
+    let mac = rc.mac("mac")?.or(mac_args).or(top.mac("mac")?);
+    // Check the config's own mac even when overridden: a bad value is a bad config.
+    top.mac("mac")?;
+
+    let mtu = top.uint("mtu", 68, 65535)?.map(|v| v as u32);
+
+    let rdma = match top.get("rdma") {
+        None => RdmaPolicy::Auto,
+        Some(Value::Bool(true)) => RdmaPolicy::Always,
+        Some(Value::Bool(false)) => RdmaPolicy::Never,
+        Some(Value::String(s)) if s == "auto" => RdmaPolicy::Auto,
+        Some(v) => return Err(invalid("rdma", v, "must be \"auto\", true or false")),
+    };
+
+    let memlock = match top.get("memlock") {
+        None => None,
+        Some(v) => Some(parse_memlock(v).map_err(|e| invalid("memlock", v, e))?),
+    };
+
+    let ipam = match top.get("ipam") {
+        None => None,
+        Some(Value::Object(m)) => {
+            let f = Fields {
+                obj: m,
+                prefix: "ipam.",
+            };
+            match f.string("type")? {
+                None | Some("") => None,
+                Some(t) => {
+                    if t.contains('/') || t == "." || t == ".." || t.contains('\0') {
+                        return Err(invalid(
+                            "ipam.type",
+                            &Value::String(t.into()),
+                            "must be a plugin file name, not a path",
+                        ));
+                    }
+                    Some(IpamConf {
+                        plugin: t.to_string(),
+                    })
+                }
+            }
+        }
+        Some(v) => return Err(invalid("ipam", v, "must be an object")),
+    };
+
+    let dns = match top.get("dns") {
+        None => Dns::default(),
+        Some(v) => Dns::parse(v, "dns").map_err(|e| invalid("dns", v, e))?,
+    };
+
+    let log_level = match top.string("logLevel")? {
+        None => LogLevel::Info,
+        Some(s) => LogLevel::parse(s).ok_or_else(|| {
+            invalid(
+                "logLevel",
+                &Value::String(s.into()),
+                "must be error, warning, info or debug",
+            )
+        })?,
+    };
+
+    let prev_result = match top.get("prevResult") {
+        None => None,
+        Some(v) => Some(CniResult::parse(v).map_err(|e| invalid("prevResult", &Value::Null, e))?),
+    };
+
+    let valid_attachments = match top
+        .get("cni.dev/valid-attachments")
+        .map(|v| ("cni.dev/valid-attachments", v))
+        .or_else(|| {
+            top.get("cni.dev/attachments")
+                .map(|v| ("cni.dev/attachments", v))
+        }) {
+        None => None,
+        Some((key, Value::Array(items))) => {
+            let mut out = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("{key}[{i}]");
+                let o = item
+                    .as_object()
+                    .ok_or_else(|| invalid(&field, item, "must be an object"))?;
+                let get = |k: &str| {
+                    o.get(k)
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .ok_or_else(|| invalid(&format!("{field}.{k}"), item, "is required"))
+                };
+                out.push(Attachment {
+                    container_id: get("containerID")?,
+                    ifname: get("ifname")?,
+                });
+            }
+            Some(out)
+        }
+        Some((key, v)) => return Err(invalid(key, v, "must be a list")),
+    };
+
+    Ok(NetConf {
+        cni_version,
+        name: name.to_string(),
+        plugin_type: plugin_type.to_string(),
+        device,
+        vf,
+        mac,
+        mtu,
+        rdma,
+        memlock,
+        ipam,
+        dns,
+        log_level,
+        log_file: top.abs_path("logFile")?,
+        state_dir: top.abs_path("stateDir")?,
+        host_root: top.abs_path("hostRoot")?,
+        sysfs_root: top.abs_path("sysfsRoot")?,
+        proc_root: top.abs_path("procRoot")?,
+        prev_result,
+        valid_attachments,
+        raw,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({"cniVersion":"1.0.0","name":"rdma-a","type":"kroce-cni","deviceID":"0000:3b:00.2"})
+    }
+
+    fn with(k: &str, v: Value) -> Vec<u8> {
+        let mut b = base();
+        b[k] = v;
+        serde_json::to_vec(&b).unwrap()
+    }
+
+    fn err(bytes: &[u8]) -> ConfigError {
+        parse(bytes, &CniArgs::default()).unwrap_err()
+    }
+
+    #[test]
+    fn full_config() {
+        let c = json!({
+            "cniVersion":"1.1.0","name":"rdma-a","type":"kroce-cni",
+            "deviceID":"0000:3b:00.2","vlan":100,"vlanQoS":3,"vlanProto":"802.1ad",
+            "mac":"02:11:22:33:44:55","mtu":9000,"spoofchk":"off","trust":"on",
+            "link_state":"enable","min_tx_rate":100,"max_tx_rate":1000,"rdma":true,
+            "memlock":"unlimited","ipam":{"type":"host-local","subnet":"10.56.0.0/24"},
+            "logLevel":"debug","logFile":"/var/log/kroce-cni.log","stateDir":"/tmp/s",
+            "hostRoot":"/host","unknownKey":{"ignored":true}
+        });
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert_eq!(n.cni_version, CniVersion::V1_1_0);
+        assert_eq!(n.vf.vlan, Some(100));
+        assert_eq!(n.vf.vlan_qos, Some(3));
+        assert_eq!(n.vf.vlan_proto, Some(VlanProto::Dot1Ad));
+        assert_eq!(n.vf.spoofchk, Some(false));
+        assert_eq!(n.vf.trust, Some(true));
+        assert_eq!(n.vf.link_state, Some(LinkState::Enable));
+        assert_eq!(n.mtu, Some(9000));
+        assert_eq!(n.rdma, RdmaPolicy::Always);
+        assert_eq!(n.memlock, Some(Memlock::Unlimited));
+        assert_eq!(n.ipam.as_ref().unwrap().plugin, "host-local");
+        assert_eq!(n.state_dir, Some(PathBuf::from("/tmp/s")));
+        assert!(matches!(n.device, DeviceRef::Pci { ref field, .. } if field == "deviceID"));
+    }
+
+    #[test]
+    fn every_field_out_of_range_is_named() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("vlan", json!(4095), "vlan"),
+            ("vlan", json!(-1), "vlan"),
+            ("vlan", json!("100"), "vlan"),
+            ("vlanQoS", json!(8), "vlanQoS"),
+            ("vlanProto", json!("802.1x"), "vlanProto"),
+            ("mac", json!("01:00:5e:00:00:01"), "mac"),
+            ("mac", json!("00:00:00:00:00:00"), "mac"),
+            ("mac", json!("zz"), "mac"),
+            ("mtu", json!(67), "mtu"),
+            ("mtu", json!(65536), "mtu"),
+            ("spoofchk", json!("yes"), "spoofchk"),
+            ("trust", json!(1), "trust"),
+            ("link_state", json!("up"), "link_state"),
+            ("min_tx_rate", json!(-5), "min_tx_rate"),
+            ("max_tx_rate", json!(4294967296u64), "max_tx_rate"),
+            ("rdma", json!("yes"), "rdma"),
+            ("memlock", json!("lots"), "memlock"),
+            ("memlock", json!(0), "memlock"),
+            ("ipam", json!("host-local"), "ipam"),
+            ("ipam", json!({"type":"../../bin/sh"}), "ipam.type"),
+            ("logLevel", json!("loud"), "logLevel"),
+            ("logFile", json!("relative.log"), "logFile"),
+            ("stateDir", json!("var/lib"), "stateDir"),
+            ("hostRoot", json!(7), "hostRoot"),
+            ("deviceID", json!("../../../etc/passwd"), "deviceID"),
+            ("deviceID", json!("0000:3b:00.9"), "deviceID"),
+            ("deviceID", json!(5), "deviceID"),
+            ("pciBusID", json!("0000:86:00.2"), "pciBusID"),
+            ("name", json!("-bad"), "name"),
+            ("runtimeConfig", json!([1]), "runtimeConfig"),
+            (
+                "cni.dev/valid-attachments",
+                json!([{"containerID":"a"}]),
+                "ifname",
+            ),
+        ];
+        for (k, v, field) in cases {
+            let e = err(&with(k, v.clone()));
+            assert_eq!(e.code(), code::INVALID_CONFIG, "{k}={v}: {e}");
+            let msg = e.to_string();
+            assert!(msg.contains(field), "{k}={v}: {msg}");
+        }
+    }
+
+    #[test]
+    fn cross_field_rules() {
+        let mut c = base();
+        c["vlanQoS"] = json!(3);
+        assert!(
+            err(&serde_json::to_vec(&c).unwrap())
+                .to_string()
+                .contains("non-zero vlan")
+        );
+        let mut c = base();
+        c["vlanProto"] = json!("802.1ad");
+        assert!(
+            err(&serde_json::to_vec(&c).unwrap())
+                .to_string()
+                .contains("needs vlan")
+        );
+        c["vlan"] = json!(0);
+        assert!(
+            err(&serde_json::to_vec(&c).unwrap())
+                .to_string()
+                .contains("non-zero")
+        );
+        let mut c = base();
+        c["min_tx_rate"] = json!(500);
+        c["max_tx_rate"] = json!(100);
+        assert!(
+            err(&serde_json::to_vec(&c).unwrap())
+                .to_string()
+                .contains("above max_tx_rate")
+        );
+        c["max_tx_rate"] = json!(0);
+        assert!(parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).is_ok());
+    }
+
+    #[test]
+    fn decode_and_version_errors() {
+        assert_eq!(err(b"{not json").code(), code::DECODE);
+        assert_eq!(err(b"[1,2]").code(), code::DECODE);
+        let mut c = base();
+        c["cniVersion"] = json!("0.3.1");
+        let e = err(&serde_json::to_vec(&c).unwrap());
+        assert_eq!(e.code(), code::INCOMPATIBLE_VERSION);
+        assert!(e.to_string().contains("0.3.1"));
+        c["cniVersion"] = json!("9.9.9");
+        assert_eq!(
+            err(&serde_json::to_vec(&c).unwrap()).code(),
+            code::INCOMPATIBLE_VERSION
+        );
+        c.as_object_mut().unwrap().remove("cniVersion");
+        assert_eq!(
+            err(&serde_json::to_vec(&c).unwrap()).code(),
+            code::INCOMPATIBLE_VERSION
+        );
+    }
+
+    #[test]
+    fn device_sources_and_precedence() {
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni",
+            "runtimeConfig":{"deviceID":"0000:3b:00.3"},"deviceID":"0000:3b:00.2"});
+        let e = err(&serde_json::to_vec(&c).unwrap());
+        assert!(e.to_string().contains("disagrees"), "{e}");
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","pciBusID":"3b:00.2"});
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert_eq!(
+            n.device,
+            DeviceRef::Pci {
+                addr: "0000:3b:00.2".parse().unwrap(),
+                field: "pciBusID".into()
+            }
+        );
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni",
+            "runtimeConfig":{"CNIDeviceInfoFile":"/var/run/k8s.cni.cncf.io/devinfo/x.json"}});
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert!(matches!(n.device, DeviceRef::InfoFile(_)));
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni"});
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert_eq!(n.device, DeviceRef::Missing);
+    }
+
+    #[test]
+    fn mac_precedence() {
+        let args = CniArgs::parse("MAC=02:00:00:00:00:02").unwrap();
+        let mut c = base();
+        c["mac"] = json!("02:00:00:00:00:01");
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &args).unwrap();
+        assert_eq!(n.mac.unwrap().to_string(), "02:00:00:00:00:02");
+        c["runtimeConfig"] = json!({"mac":"02:00:00:00:00:03"});
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &args).unwrap();
+        assert_eq!(n.mac.unwrap().to_string(), "02:00:00:00:00:03");
+        let bad = CniArgs::parse("MAC=ff:ff:ff:ff:ff:ff").unwrap();
+        let e = parse(&serde_json::to_vec(&base()).unwrap(), &bad).unwrap_err();
+        assert!(e.to_string().contains("CNI_ARGS MAC"), "{e}");
+    }
+
+    #[test]
+    fn empty_ipam_means_none_and_attachments_parse() {
+        let mut c = base();
+        c["ipam"] = json!({});
+        c["cni.dev/valid-attachments"] = json!([{"containerID":"a","ifname":"net1"}]);
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert!(n.ipam.is_none());
+        assert_eq!(n.valid_attachments.unwrap()[0].ifname, "net1");
+    }
+}

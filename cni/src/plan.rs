@@ -1,0 +1,260 @@
+//! ADD as data: from a validated config, the resolved VF and the host's RDMA
+//! netns mode, the list of changes to make, in order. Pure.
+
+use crate::addr::Mac;
+use crate::config::{NetConf, RdmaPolicy};
+use crate::memlock::Memlock;
+use crate::netlink::rdma::RdmaNetnsMode;
+use crate::protocol::{CniError, code};
+use crate::vf::VfTarget;
+use crate::vf_attrs::{VfSetting, VlanProto};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddPlan {
+    pub vf: VfTarget,
+    pub pod_ifname: String,
+    /// PF-side changes, one netlink request each, in this order.
+    pub vf_settings: Vec<VfSetting>,
+    pub mac: Option<Mac>,
+    pub mtu: Option<u32>,
+    /// The RDMA device to move into the pod netns.
+    pub rdma_device: Option<String>,
+    pub ipam: bool,
+    pub memlock: Option<Memlock>,
+}
+
+/// One ADD step. Each has an undo in the release path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `vf_settings[i]` on the PF.
+    VfSetting(usize),
+    /// Delete the VF's alternative names (they would follow it into the pod
+    /// and collide with names there; restored on release).
+    DropAltnames,
+    /// Move into the pod netns, renamed to CNI_IFNAME in the same request.
+    MoveToPod,
+    SetMac,
+    SetMtu,
+    LinkUp,
+    MoveRdma,
+    IpamAdd,
+    Addresses,
+    Routes,
+    RecordMemlock,
+}
+
+impl AddPlan {
+    pub fn steps(&self) -> Vec<Step> {
+        let mut s: Vec<Step> = (0..self.vf_settings.len()).map(Step::VfSetting).collect();
+        s.push(Step::DropAltnames);
+        s.push(Step::MoveToPod);
+        if self.mac.is_some() {
+            s.push(Step::SetMac);
+        }
+        if self.mtu.is_some() {
+            s.push(Step::SetMtu);
+        }
+        s.push(Step::LinkUp);
+        if self.rdma_device.is_some() {
+            s.push(Step::MoveRdma);
+        }
+        if self.ipam {
+            s.extend([Step::IpamAdd, Step::Addresses, Step::Routes]);
+        }
+        if self.memlock.is_some() {
+            s.push(Step::RecordMemlock);
+        }
+        s
+    }
+}
+
+/// The PF-side settings a config asks for, in the order they are applied.
+pub fn vf_settings(conf: &NetConf) -> Vec<VfSetting> {
+    let a = &conf.vf;
+    let mut out = Vec::new();
+    if let Some(mac) = conf.mac {
+        out.push(VfSetting::Mac { mac });
+    }
+    if let Some(vlan) = a.vlan {
+        out.push(VfSetting::Vlan {
+            vlan,
+            qos: a.vlan_qos.unwrap_or(0),
+            proto: a.vlan_proto.unwrap_or(VlanProto::Dot1Q),
+        });
+    }
+    if a.min_tx_rate.is_some() || a.max_tx_rate.is_some() {
+        out.push(VfSetting::Rate {
+            min: a.min_tx_rate.unwrap_or(0),
+            max: a.max_tx_rate.unwrap_or(0),
+        });
+    }
+    if let Some(on) = a.spoofchk {
+        out.push(VfSetting::Spoofchk { on });
+    }
+    if let Some(on) = a.trust {
+        out.push(VfSetting::Trust { on });
+    }
+    if let Some(state) = a.link_state {
+        out.push(VfSetting::LinkState { state });
+    }
+    out
+}
+
+/// Plans ADD. `rdma_mode` is what reading the host's RDMA netns mode gave
+/// (only asked when the VF has an RDMA device and policy is not `Never`).
+/// Returns the plan and warnings to log.
+pub fn plan_add(
+    conf: &NetConf,
+    pod_ifname: &str,
+    vf: &VfTarget,
+    rdma_mode: Option<Result<RdmaNetnsMode, String>>,
+) -> Result<(AddPlan, Vec<String>), CniError> {
+    let mut warnings = Vec::new();
+    let rdma_device = match (&vf.rdma, conf.rdma) {
+        (_, RdmaPolicy::Never) => None,
+        (None, RdmaPolicy::Always) => {
+            return Err(CniError::new(
+                code::RDMA,
+                format!("rdma is true but VF {} has no RDMA device", vf.pci),
+            ));
+        }
+        (None, RdmaPolicy::Auto) => None,
+        (Some(dev), policy) => match (rdma_mode, policy) {
+            (Some(Ok(RdmaNetnsMode::Exclusive)), _) => Some(dev.clone()),
+            (Some(Ok(RdmaNetnsMode::Shared)), RdmaPolicy::Always) => {
+                return Err(CniError::new(
+                    code::RDMA,
+                    format!(
+                        "rdma is true but the host's RDMA netns mode is shared: {dev} cannot move into the pod (set `rdma system set netns exclusive`, or rdma \"auto\")"
+                    ),
+                ));
+            }
+            (Some(Ok(RdmaNetnsMode::Shared)), _) => None,
+            (Some(Err(e)), RdmaPolicy::Always) => {
+                return Err(CniError::new(
+                    code::RDMA,
+                    format!("rdma is true but the RDMA netns mode cannot be read: {e}"),
+                ));
+            }
+            (None, RdmaPolicy::Always) => {
+                return Err(CniError::new(
+                    code::RDMA,
+                    "rdma is true but the RDMA netns mode was not read",
+                ));
+            }
+            (Some(Err(e)), _) => {
+                warnings.push(format!(
+                    "cannot read the RDMA netns mode ({e}); RDMA device {dev} of VF {} stays in the host netns",
+                    vf.pci
+                ));
+                None
+            }
+            (None, _) => None,
+        },
+    };
+    let plan = AddPlan {
+        vf: vf.clone(),
+        pod_ifname: pod_ifname.to_string(),
+        vf_settings: vf_settings(conf),
+        mac: conf.mac,
+        mtu: conf.mtu,
+        rdma_device,
+        ipam: conf.ipam.is_some(),
+        memlock: conf.memlock,
+    };
+    Ok((plan, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::CniArgs;
+
+    fn conf(extra: serde_json::Value) -> NetConf {
+        let mut c = serde_json::json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","deviceID":"0000:3b:00.2"});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        crate::config::parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap()
+    }
+
+    fn vf(rdma: Option<&str>) -> VfTarget {
+        VfTarget {
+            pci: "0000:3b:00.2".parse().unwrap(),
+            pf_pci: "0000:3b:00.0".parse().unwrap(),
+            vf_index: 0,
+            pf_ifname: "ens1f0".into(),
+            netdev: Some("ens1f0v0".into()),
+            rdma: rdma.map(str::to_string),
+            driver: Some("mlx5_core".into()),
+        }
+    }
+
+    #[test]
+    fn full_plan_order() {
+        let c = conf(
+            serde_json::json!({"mac":"02:00:00:00:00:07","vlan":10,"vlanQoS":2,"max_tx_rate":500,
+            "spoofchk":"off","trust":"on","link_state":"disable","mtu":9000,"memlock":"unlimited",
+            "ipam":{"type":"host-local"}}),
+        );
+        let (p, w) = plan_add(
+            &c,
+            "net1",
+            &vf(Some("mlx5_2")),
+            Some(Ok(RdmaNetnsMode::Exclusive)),
+        )
+        .unwrap();
+        assert!(w.is_empty());
+        let names: Vec<&str> = p.vf_settings.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            ["mac", "vlan", "rate", "spoofchk", "trust", "link_state"]
+        );
+        assert_eq!(p.vf_settings[2], VfSetting::Rate { min: 0, max: 500 });
+        assert_eq!(p.rdma_device.as_deref(), Some("mlx5_2"));
+        let steps = p.steps();
+        assert_eq!(steps.len(), 6 + 11 - 1);
+        assert_eq!(steps[6], Step::DropAltnames);
+        assert_eq!(*steps.last().unwrap(), Step::RecordMemlock);
+    }
+
+    #[test]
+    fn minimal_plan_touches_no_pf() {
+        let (p, _) = plan_add(&conf(serde_json::json!({})), "net1", &vf(None), None).unwrap();
+        assert!(p.vf_settings.is_empty());
+        assert_eq!(
+            p.steps(),
+            vec![Step::DropAltnames, Step::MoveToPod, Step::LinkUp]
+        );
+    }
+
+    #[test]
+    fn rdma_policy_table() {
+        let auto = conf(serde_json::json!({}));
+        let always = conf(serde_json::json!({"rdma":true}));
+        let never = conf(serde_json::json!({"rdma":false}));
+        let v = vf(Some("mlx5_2"));
+        let shared = Some(Ok(RdmaNetnsMode::Shared));
+        assert_eq!(
+            plan_add(&auto, "n", &v, shared.clone())
+                .unwrap()
+                .0
+                .rdma_device,
+            None
+        );
+        let e = plan_add(&always, "n", &v, shared).unwrap_err();
+        assert!(e.msg.contains("shared"), "{e}");
+        let (p, w) = plan_add(&auto, "n", &v, Some(Err("EPROTONOSUPPORT".into()))).unwrap();
+        assert_eq!(p.rdma_device, None);
+        assert!(w[0].contains("mlx5_2"));
+        assert!(plan_add(&always, "n", &v, Some(Err("x".into()))).is_err());
+        assert_eq!(
+            plan_add(&never, "n", &v, Some(Ok(RdmaNetnsMode::Exclusive)))
+                .unwrap()
+                .0
+                .rdma_device,
+            None
+        );
+        assert!(plan_add(&always, "n", &vf(None), None).is_err());
+    }
+}

@@ -1,0 +1,333 @@
+//! The state dir (`/var/lib/cni/kroce` by default):
+//!
+//! - `vf/<pci>.json`: the claim on a VF (who holds it, its original state,
+//!   what ADD planned, the result) — written before the first side effect,
+//!   removed when the VF is released;
+//! - `locks/<pci>.lock`: the per-VF flock, held across a whole ADD/DEL/GC of
+//!   that VF (the file is removed while held; lockers re-check the inode);
+//! - `memlock/<containerID>.json`: see [`crate::memlock`].
+//!
+//! Files are written atomically (temp file in the same dir + rename).
+
+use crate::addr::Mac;
+use crate::netlink::route::LinkInfo;
+use crate::vf::VfTarget;
+use crate::vf_attrs::{VfSetting, VfState};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use sriov_helpers::PciAddress;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/kroce";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state dir: {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("VF {pci} is locked by another kroce-cni call (waited {waited:?})")]
+    LockTimeout { pci: PciAddress, waited: Duration },
+    #[error("state file {path} is corrupt: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` via a temp file in the same directory and a
+/// rename, so readers see the old or the new file, never a torn one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Whether ADD finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Adding,
+    Attached,
+}
+
+/// What the VF looked like before ADD touched it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Original {
+    /// Its netdev in the host netns (name, ifindex, MAC, MTU, up, altnames).
+    pub link: LinkInfo,
+    /// PF-side VF attributes; read only when ADD changes some.
+    pub vf: Option<VfState>,
+}
+
+/// What ADD was going to change (restored from `original` on release).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Planned {
+    pub vf_settings: Vec<VfSetting>,
+    pub mac: Option<Mac>,
+    pub mtu: Option<u32>,
+    /// The RDMA device to move with the netdev.
+    pub rdma_device: Option<String>,
+}
+
+/// A VF held by an attachment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub version: u32,
+    pub vf: VfTarget,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    pub network: String,
+    pub phase: Phase,
+    pub original: Original,
+    pub planned: Planned,
+    /// The ifindex in the pod netns when it differs from the host one.
+    pub pod_ifindex: Option<u32>,
+    /// The ADD result (canonical 1.1.0 layout), once attached.
+    pub result: Option<serde_json::Value>,
+    /// The request's configuration, `CNI_ARGS` and `CNI_PATH`: what a later
+    /// takeover or GC needs to release this attachment's IPAM lease.
+    pub config: serde_json::Value,
+    pub cni_args: String,
+    pub cni_path: Vec<PathBuf>,
+}
+
+impl Claim {
+    pub fn owned_by(&self, container_id: &str, ifname: &str) -> bool {
+        self.container_id == container_id && self.ifname == ifname
+    }
+}
+
+/// A held per-VF lock.
+#[derive(Debug)]
+pub struct VfLock {
+    _flock: Flock<std::fs::File>,
+    path: PathBuf,
+}
+
+impl VfLock {
+    /// Removes the lock file (while still holding it: later lockers notice
+    /// the inode changed and retry on a fresh file).
+    pub fn remove_file(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(root: impl Into<PathBuf>) -> StateDir {
+        StateDir { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn claim_path(&self, pci: &PciAddress) -> PathBuf {
+        self.root.join("vf").join(format!("{pci}.json"))
+    }
+
+    fn lock_path(&self, pci: &PciAddress) -> PathBuf {
+        self.root.join("locks").join(format!("{pci}.lock"))
+    }
+
+    /// Takes the per-VF lock, waiting up to `timeout`.
+    pub fn lock_vf(&self, pci: &PciAddress, timeout: Duration) -> Result<VfLock, StateError> {
+        let path = self.lock_path(pci);
+        let dir = self.root.join("locks");
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let start = Instant::now();
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => {
+                    // The holder before us may have removed the file: only
+                    // a lock on the file the path names now counts.
+                    let held = lock.metadata().map(|m| m.ino()).ok();
+                    let now = std::fs::metadata(&path).map(|m| m.ino()).ok();
+                    if held.is_some() && held == now {
+                        return Ok(VfLock { _flock: lock, path });
+                    }
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {}
+                Err((_, e)) => return Err(io_err(&path)(e.into())),
+            }
+            if start.elapsed() >= timeout {
+                return Err(StateError::LockTimeout {
+                    pci: *pci,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn read_claim(&self, pci: &PciAddress) -> Result<Option<Claim>, StateError> {
+        let path = self.claim_path(pci);
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| StateError::Corrupt {
+                    path,
+                    reason: e.to_string(),
+                }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    pub fn write_claim(&self, claim: &Claim) -> Result<(), StateError> {
+        let path = self.claim_path(&claim.vf.pci);
+        let bytes =
+            serde_json::to_vec_pretty(claim).map_err(|e| io_err(&path)(io::Error::other(e)))?;
+        write_atomic(&path, &bytes).map_err(io_err(&path))
+    }
+
+    pub fn remove_claim(&self, pci: &PciAddress) -> Result<(), StateError> {
+        let path = self.claim_path(pci);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every claim, plus the files that could not be read.
+    pub fn claims(&self) -> (Vec<Claim>, Vec<StateError>) {
+        let dir = self.root.join("vf");
+        let mut claims = Vec::new();
+        let mut errors = Vec::new();
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return (claims, errors),
+            Err(e) => return (claims, vec![io_err(&dir)(e)]),
+        };
+        let mut names: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for name in names {
+            let Some(pci) = name
+                .strip_suffix(".json")
+                .and_then(|p| p.parse::<PciAddress>().ok())
+            else {
+                continue;
+            };
+            match self.read_claim(&pci) {
+                Ok(Some(c)) => claims.push(c),
+                Ok(None) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        (claims, errors)
+    }
+
+    /// The claim held by `(container_id, ifname)`, looked up by scanning.
+    pub fn find_claim(&self, container_id: &str, ifname: &str) -> Option<Claim> {
+        self.claims()
+            .0
+            .into_iter()
+            .find(|c| c.owned_by(container_id, ifname))
+    }
+
+    /// STATUS: can we create and remove files here?
+    pub fn probe_writable(&self) -> Result<(), StateError> {
+        let probe = self
+            .root
+            .join(format!(".status-probe.{}", std::process::id()));
+        write_atomic(&probe, b"ok").map_err(io_err(&probe))?;
+        std::fs::remove_file(&probe).map_err(io_err(&probe))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_is_exclusive_and_survives_file_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateDir::new(dir.path());
+        let pci: PciAddress = "0000:3b:00.2".parse().unwrap();
+        let a = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
+        let e = s.lock_vf(&pci, Duration::from_millis(30)).unwrap_err();
+        assert!(matches!(e, StateError::LockTimeout { .. }), "{e}");
+        assert!(e.to_string().contains("0000:3b:00.2"));
+        a.remove_file();
+        drop(a);
+        let b = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
+        drop(b);
+    }
+
+    #[test]
+    fn concurrent_lockers_never_overlap() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateDir::new(dir.path());
+        let pci: PciAddress = "0000:3b:00.2".parse().unwrap();
+        let inside = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                sc.spawn(|| {
+                    for _ in 0..20 {
+                        let l = s.lock_vf(&pci, Duration::from_secs(10)).unwrap();
+                        assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                        std::thread::sleep(Duration::from_micros(200));
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        l.remove_file();
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn atomic_write_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a/b.json");
+        write_atomic(&p, b"1").unwrap();
+        write_atomic(&p, b"2").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"2");
+        assert_eq!(std::fs::read_dir(dir.path().join("a")).unwrap().count(), 1);
+        let s = StateDir::new(dir.path());
+        s.probe_writable().unwrap();
+        assert!(s.claims().0.is_empty());
+        std::fs::create_dir_all(dir.path().join("vf")).unwrap();
+        std::fs::write(dir.path().join("vf/0000:3b:00.2.json"), "{garbage").unwrap();
+        let (c, errs) = s.claims();
+        assert!(c.is_empty());
+        assert!(errs[0].to_string().contains("corrupt"));
+    }
+}

@@ -1,0 +1,10 @@
+//! Test support (feature `testing`, never in the release binary): recording
+//! PF/RDMA backends, failure injection, and the netns test bed.
+
+pub mod faults;
+pub mod recording;
+pub mod testbed;
+
+pub use faults::Faults;
+pub use recording::{RecordingRdma, RecordingVfConfig, Sent};
+pub use testbed::{BinOutput, CallResult, Kit, NetnsGuard, TestBed, skip_without_netns};

@@ -1,0 +1,881 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! ADD/CHECK/DEL/GC in-process against real netns, real veth VF stand-ins,
+//! real host-local IPAM and recording PF/RDMA backends. Needs root.
+
+use kroce_cni::netlink::rdma::RdmaNetnsMode;
+use kroce_cni::netlink::route;
+use kroce_cni::protocol::code;
+use kroce_cni::testing::{Faults, NetnsGuard, RecordingRdma, TestBed, skip_without_netns};
+use kroce_cni::vf_attrs::{LinkState, VfSetting, VlanProto};
+use serde_json::{Value, json};
+
+fn hex(b: &[u8]) -> String {
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The RDMA device the fixture gives VF `i` of ens1f0.
+fn rdma_of(bed: &TestBed, i: u32) -> String {
+    let root = bed.fixture.root();
+    kroce_cni::vf::resolve(&root, bed.vf_pci(i).parse().unwrap())
+        .unwrap()
+        .rdma
+        .unwrap()
+}
+
+fn full_config(bed: &TestBed) -> Value {
+    bed.config(json!({
+        "mac": "02:aa:bb:cc:dd:01",
+        "mtu": 9000,
+        "vlan": 100, "vlanQoS": 3, "vlanProto": "802.1ad",
+        "spoofchk": "off", "trust": "on", "link_state": "enable",
+        "min_tx_rate": 100, "max_tx_rate": 1000,
+        "rdma": true,
+        "memlock": "unlimited"
+    }))
+}
+
+fn kit_with_rdma(bed: &TestBed) -> kroce_cni::testing::Kit {
+    let mut kit = bed.kit();
+    kit.rdma = RecordingRdma::new(Ok(RdmaNetnsMode::Exclusive)).with_device(
+        &rdma_of(bed, 0),
+        7,
+        &bed.host.open().unwrap(),
+    );
+    kit
+}
+
+#[test]
+fn add_check_del_round_trip() {
+    if skip_without_netns("add_check_del_round_trip") {
+        return;
+    }
+    let bed = TestBed::new(2).unwrap();
+    let mut kit = kit_with_rdma(&bed);
+    let dev = rdma_of(&bed, 0);
+    let host_before = bed.host.links().unwrap();
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let cfg = full_config(&bed);
+
+    let r = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "c1", "net1"),
+            &cfg,
+        )
+        .ok()
+        .unwrap();
+    assert_eq!(r["cniVersion"], "1.0.0");
+    assert_eq!(r["interfaces"][0]["name"], "net1");
+    assert_eq!(r["interfaces"][0]["mac"], "02:aa:bb:cc:dd:01");
+    assert_eq!(
+        r["interfaces"][0]["sandbox"],
+        bed.pod.path.display().to_string()
+    );
+    assert!(
+        r["interfaces"][0].get("pciID").is_none(),
+        "1.0.0 has no pciID"
+    );
+    assert_eq!(r["ips"][0]["address"], "10.77.0.2/24");
+    assert_eq!(r["ips"][0]["interface"], 0);
+
+    // The pod, as iproute2 sees it.
+    let net1 = bed.pod.link("net1").expect("net1 in pod");
+    assert_eq!(net1.mac, "02:aa:bb:cc:dd:01");
+    assert_eq!(net1.mtu, 9000);
+    assert!(net1.up);
+    assert!(
+        net1.altnames.is_empty(),
+        "the host altname must not follow: {:?}",
+        net1.altnames
+    );
+    assert_eq!(bed.pod.addresses("net1").unwrap(), vec!["10.77.0.2/24"]);
+    let routes = bed.pod.routes("net1").unwrap();
+    assert!(
+        routes.contains(&"10.78.0.0/16 via 10.77.0.1".to_string()),
+        "{routes:?}"
+    );
+    assert!(bed.host.link("ens1f0v0").is_none());
+
+    // The PF side: each setting one message, in order, bytes as the kernel
+    // expects them.
+    let st = kit.vf.state("ens1f0", 0).unwrap();
+    assert_eq!((st.vlan, st.qos, st.proto), (100, 3, VlanProto::Dot1Ad));
+    assert_eq!(st.mac.to_string(), "02:aa:bb:cc:dd:01");
+    assert_eq!((st.min_tx_rate, st.max_tx_rate), (100, 1000));
+    assert_eq!(
+        (st.spoofchk, st.trust, st.link_state),
+        (Some(false), Some(true), Some(LinkState::Enable))
+    );
+    assert_eq!(kit.vf.sent.len(), 6);
+    assert_eq!(
+        hex(&kit.vf.sent[1].payload),
+        "00 00 00 00 04 00 00 00 00 00 00 00 00 00 00 00 20 00 16 00 1c 00 01 00 18 00 0c 00 14 00 01 00 \
+         00 00 00 00 64 00 00 00 03 00 00 00 88 a8 00 00"
+    );
+    // RDMA: moved into the pod netns with SET{DEV_INDEX 7, NET_NS_FD}.
+    assert_eq!(kit.rdma.netns_of(&dev), Some(bed.pod.open().unwrap().id()));
+    let set = kit
+        .rdma
+        .sent
+        .iter()
+        .find(|s| s.msg_type == (5 << 10) + 2)
+        .expect("RDMA SET sent");
+    assert_eq!(&set.payload[..8], &[8, 0, 1, 0, 7, 0, 0, 0]);
+    assert_eq!(&set.payload[8..12], &[8, 0, 68, 0]);
+
+    // Records.
+    assert_eq!(bed.leases(), vec!["10.77.0.2"]);
+    let ml: Value =
+        serde_json::from_slice(&std::fs::read(bed.state.path().join("memlock/c1.json")).unwrap())
+            .unwrap();
+    assert_eq!(ml["memlock"], "unlimited");
+    assert_eq!(ml["containerID"], "c1");
+    assert_eq!(ml["ifname"], "net1");
+    assert_eq!(ml["network"], "kroce-test");
+    assert_eq!(ml["netns"], bed.pod.path.display().to_string());
+
+    // CHECK passes, and catches a changed MAC.
+    let mut check_cfg = cfg.clone();
+    check_cfg["prevResult"] = r.clone();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("CHECK", "c1", "net1"),
+        &check_cfg,
+    )
+    .ok();
+    bed.pod
+        .ip(&["link", "set", "net1", "address", "02:aa:bb:cc:dd:99"])
+        .unwrap();
+    let e = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("CHECK", "c1", "net1"),
+            &check_cfg,
+        )
+        .err();
+    assert_eq!(e.code, code::CHECK_FAILED);
+    assert!(e.msg.contains("MAC"), "{e}");
+    bed.pod.ip(&["addr", "flush", "dev", "net1"]).unwrap();
+    bed.pod
+        .ip(&["link", "set", "net1", "address", "02:aa:bb:cc:dd:01"])
+        .unwrap();
+    let e = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("CHECK", "c1", "net1"),
+            &check_cfg,
+        )
+        .err();
+    assert!(e.msg.contains("10.77.0.2/24"), "{e}");
+
+    // DEL: the host is exactly as before, twice.
+    for _ in 0..2 {
+        bed.call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("DEL", "c1", "net1"),
+            &cfg,
+        )
+        .ok();
+        assert_eq!(bed.host.links().unwrap(), host_before);
+        assert_eq!(bed.pod.links().unwrap().len(), 1, "only lo left in the pod");
+        assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+        assert_eq!(kit.rdma.netns_of(&dev), Some(bed.host.open().unwrap().id()));
+        assert!(bed.leases().is_empty());
+        assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+    }
+}
+
+/// Every ADD step fails once (injected, or real for memlock); each time the
+/// host ends exactly as before and the lease is released.
+#[test]
+fn rollback_at_every_step() {
+    if skip_without_netns("rollback_at_every_step") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = kit_with_rdma(&bed);
+    let dev = rdma_of(&bed, 0);
+    let cfg = full_config(&bed);
+    let host_before = bed.host.links().unwrap();
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let host_id = bed.host.open().unwrap().id();
+
+    // The plan's steps, each mapped to the backend call that carries it.
+    let conf =
+        kroce_cni::config::parse(&serde_json::to_vec(&cfg).unwrap(), &Default::default()).unwrap();
+    let vf = kroce_cni::vf::resolve(&bed.fixture.root(), bed.vf_pci(0).parse().unwrap()).unwrap();
+    let (plan, _) =
+        kroce_cni::plan::plan_add(&conf, "net1", &vf, Some(Ok(RdmaNetnsMode::Exclusive))).unwrap();
+    use kroce_cni::plan::Step;
+    let steps = plan.steps();
+    assert_eq!(steps.len(), 16, "{steps:?}");
+    for step in steps {
+        let (faults, memlock_file) = match step {
+            Step::VfSetting(i) => (Faults::fail_at("vf.set", i), false),
+            Step::DropAltnames => (Faults::fail_at("links.del_altname", 0), false),
+            Step::MoveToPod => (Faults::fail_at("links.move_to", 0), false),
+            Step::SetMac => (Faults::fail_at("links.set_mac", 0), false),
+            Step::SetMtu => (Faults::fail_at("links.set_mtu", 0), false),
+            Step::LinkUp => (Faults::fail_at("links.set_up", 0), false),
+            Step::MoveRdma => (Faults::fail_at("rdma.move_device", 0), false),
+            Step::IpamAdd => (Faults::fail_at("ipam.add", 0), false),
+            Step::Addresses => (Faults::fail_at("links.add_address", 0), false),
+            Step::Routes => (Faults::fail_at("links.add_route", 0), false),
+            // A real failure: the memlock dir is a file.
+            Step::RecordMemlock => (Faults::none(), true),
+        };
+        if memlock_file {
+            std::fs::write(bed.state.path().join("memlock"), "not a dir").unwrap();
+        }
+        let r = bed.call(&mut kit, &faults, &bed.env("ADD", "c1", "net1"), &cfg);
+        let e = r.err();
+        assert!(
+            memlock_file || faults.fired(),
+            "{step:?}: fault not reached ({e})"
+        );
+        assert!(e.details.is_none(), "{step:?}: rollback incomplete: {e}");
+        assert_eq!(
+            bed.host.links().unwrap(),
+            host_before,
+            "{step:?}: host differs after rollback ({e})"
+        );
+        assert_eq!(bed.pod.links().unwrap().len(), 1, "{step:?}: pod not empty");
+        assert_eq!(
+            kit.vf.state("ens1f0", 0).unwrap(),
+            pf_before,
+            "{step:?}: PF side not restored"
+        );
+        assert_eq!(
+            kit.rdma.netns_of(&dev),
+            Some(host_id),
+            "{step:?}: RDMA device not back"
+        );
+        assert!(
+            bed.leases().is_empty(),
+            "{step:?}: lease leaked {:?}",
+            bed.leases()
+        );
+        if memlock_file {
+            std::fs::remove_file(bed.state.path().join("memlock")).unwrap();
+        }
+        assert!(
+            bed.state_files().is_empty(),
+            "{step:?}: state left {:?}",
+            bed.state_files()
+        );
+    }
+    // And with no fault it works on the same host afterwards.
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(bed.host.links().unwrap(), host_before);
+}
+
+#[test]
+fn del_after_netns_deleted_and_del_without_cache() {
+    if skip_without_netns("del_after_netns_deleted_and_del_without_cache") {
+        return;
+    }
+    let mut bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let cfg = bed.config(json!({"vlan": 7, "rdma": false}));
+    // DEL of something never added.
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "never", "net1"),
+        &cfg,
+    )
+    .ok();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap().vlan, 7);
+    assert_eq!(bed.leases().len(), 1);
+    // The pod goes away under us; the veth stand-in dies with it (a real VF
+    // would return to the host).
+    bed.pod.delete().unwrap();
+    let mut env = bed.env("DEL", "c1", "net1");
+    env.remove("CNI_NETNS");
+    bed.call(&mut kit, &Faults::none(), &env, &cfg).ok();
+    assert_eq!(
+        kit.vf.state("ens1f0", 0).unwrap().vlan,
+        0,
+        "PF-side VLAN reverted"
+    );
+    assert!(bed.leases().is_empty());
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+    bed.call(&mut kit, &Faults::none(), &env, &cfg).ok();
+}
+
+#[test]
+fn vf_back_from_a_dead_netns_is_restored_by_del() {
+    if skip_without_netns("vf_back_from_a_dead_netns_is_restored_by_del") {
+        return;
+    }
+    let mut bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let cfg = bed.config(json!({"mac": "02:aa:00:00:00:05", "mtu": 4000, "rdma": false}));
+    let before = bed.host.links().unwrap();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    // What the kernel does with a physical netdev when its netns dies:
+    // back to the host, renamed when the name is taken.
+    bed.pod
+        .ip(&[
+            "link",
+            "set",
+            "net1",
+            "netns",
+            &bed.host.name,
+            "name",
+            "dev7",
+        ])
+        .unwrap();
+    bed.pod.delete().unwrap();
+    // An altname equal to the original name blocks a plain rename back.
+    bed.host
+        .ip(&[
+            "link", "property", "add", "dev", "dev7", "altname", "ens1f0v0",
+        ])
+        .unwrap();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(
+        bed.host.links().unwrap(),
+        before,
+        "name, MAC, MTU, altname and down state restored"
+    );
+    assert!(bed.leases().is_empty());
+}
+
+#[test]
+fn old_pods_del_leaves_the_new_holder_alone() {
+    if skip_without_netns("old_pods_del_leaves_the_new_holder_alone") {
+        return;
+    }
+    let mut bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let cfg = bed.config(json!({"vlan": 10, "rdma": false}));
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "old", "net1"),
+        &cfg,
+    )
+    .ok();
+    // The old pod dies; its VF returns to the host.
+    bed.pod
+        .ip(&["link", "set", "net1", "netns", &bed.host.name])
+        .unwrap();
+    bed.pod.delete().unwrap();
+    // A new pod gets the VF (the old, dead claim is taken over).
+    let new_pod =
+        NetnsGuard::create(&format!("kcn{}", kroce_cni::testing::testbed::unique_tag())).unwrap();
+    let mut env_new = bed.env("ADD", "new", "net1");
+    env_new.insert("CNI_NETNS".into(), new_pod.path.display().to_string());
+    let r = bed.call(&mut kit, &Faults::none(), &env_new, &cfg);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("stale")),
+        "{:?}",
+        r.warnings
+    );
+    r.ok();
+    assert_eq!(
+        bed.leases().len(),
+        1,
+        "the old lease went with the takeover"
+    );
+    let held = new_pod.link("net1").unwrap();
+    // The old pod's late DEL.
+    let mut env_old = bed.env("DEL", "old", "net1");
+    env_old.remove("CNI_NETNS");
+    bed.call(&mut kit, &Faults::none(), &env_old, &cfg).ok();
+    assert_eq!(
+        new_pod.link("net1").unwrap(),
+        held,
+        "the new pod's VF is untouched"
+    );
+    assert_eq!(
+        kit.vf.state("ens1f0", 0).unwrap().vlan,
+        10,
+        "PF side untouched"
+    );
+    assert_eq!(bed.leases().len(), 1);
+    let mut env_del = bed.env("DEL", "new", "net1");
+    env_del.insert("CNI_NETNS".into(), new_pod.path.display().to_string());
+    bed.call(&mut kit, &Faults::none(), &env_del, &cfg).ok();
+    assert!(bed.host.link("ens1f0v0").is_some());
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap().vlan, 0);
+    assert!(bed.leases().is_empty());
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
+#[test]
+fn two_adds_race_for_one_vf() {
+    if skip_without_netns("two_adds_race_for_one_vf") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let pods: Vec<NetnsGuard> = (0..2)
+        .map(|i| {
+            NetnsGuard::create(&format!(
+                "kcr{i}{}",
+                kroce_cni::testing::testbed::unique_tag()
+            ))
+            .unwrap()
+        })
+        .collect();
+    let cfg = bed.config(json!({"rdma": false}));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let bed = &bed;
+                let cfg = &cfg;
+                s.spawn(move || {
+                    let mut kit = bed.kit();
+                    let mut env = bed.env("ADD", &format!("racer{i}"), "net1");
+                    env.insert("CNI_NETNS".into(), p.path.display().to_string());
+                    bed.call(&mut kit, &Faults::none(), &env, cfg).result
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let winners: Vec<usize> = (0..2).filter(|i| results[*i].is_ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    let w = winners[0];
+    let loser = results[1 - w].as_ref().unwrap_err();
+    assert_eq!(loser.code, code::TRY_AGAIN, "{loser}");
+    assert!(loser.msg.contains(&format!("racer{w}")), "{loser}");
+    assert!(pods[w].link("net1").is_some());
+    assert!(pods[1 - w].link("net1").is_none());
+    assert_eq!(bed.leases().len(), 1, "the loser never reached IPAM");
+}
+
+#[test]
+fn gc_releases_attachments_not_listed() {
+    if skip_without_netns("gc_releases_attachments_not_listed") {
+        return;
+    }
+    let bed = TestBed::new(2).unwrap();
+    let mut kit = bed.kit();
+    let pod_b =
+        NetnsGuard::create(&format!("kcb{}", kroce_cni::testing::testbed::unique_tag())).unwrap();
+    let cfg_a = bed.config(json!({"rdma": false, "memlock": "1Gi"}));
+    let cfg_b = bed.config(
+        json!({"rdma": false, "memlock": "2Gi", "deviceID": bed.vf_pci(1), "spoofchk": "off"}),
+    );
+    let before = bed.host.links().unwrap();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "a", "net1"),
+        &cfg_a,
+    )
+    .ok();
+    let mut env_b = bed.env("ADD", "b", "net1");
+    env_b.insert("CNI_NETNS".into(), pod_b.path.display().to_string());
+    bed.call(&mut kit, &Faults::none(), &env_b, &cfg_b).ok();
+    assert_eq!(bed.leases().len(), 2);
+
+    let mut gc_cfg = bed.config(json!({"cniVersion": "1.1.0", "rdma": false}));
+    let mut env_gc = std::collections::HashMap::new();
+    env_gc.insert("CNI_COMMAND".to_string(), "GC".to_string());
+    env_gc.insert("CNI_PATH".to_string(), "/usr/lib/cni".to_string());
+    let e = bed.call(&mut kit, &Faults::none(), &env_gc, &gc_cfg).err();
+    assert_eq!(e.code, code::INVALID_CONFIG, "no list, no GC: {e}");
+    gc_cfg["cni.dev/valid-attachments"] = json!([{"containerID": "a", "ifname": "net1"}]);
+    bed.call(&mut kit, &Faults::none(), &env_gc, &gc_cfg).ok();
+
+    assert!(bed.pod.link("net1").is_some(), "a is valid and stays");
+    assert!(pod_b.link("net1").is_none(), "b is released");
+    assert!(bed.host.link("ens1f0v1").is_some());
+    assert_eq!(
+        kit.vf.state("ens1f0", 1).unwrap().spoofchk,
+        Some(true),
+        "b's PF side reverted"
+    );
+    assert_eq!(bed.leases(), vec!["10.77.0.2"]);
+    assert!(bed.state.path().join("memlock/a.json").exists());
+    assert!(!bed.state.path().join("memlock/b.json").exists());
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "a", "net1"),
+        &cfg_a,
+    )
+    .ok();
+    assert_eq!(bed.host.links().unwrap(), before);
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
+#[test]
+fn altname_that_collides_in_the_pod_does_not_break_add() {
+    if skip_without_netns("altname_that_collides_in_the_pod_does_not_break_add") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    // Something in the pod already uses the VF's udev altname: the kernel
+    // refuses to move a netdev whose altname exists in the target.
+    bed.pod
+        .ip(&[
+            "link",
+            "add",
+            "enp59s0f0v0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "x0",
+        ])
+        .unwrap();
+    let naive = bed.host.ip(&[
+        "link",
+        "set",
+        "ens1f0v0",
+        "netns",
+        &bed.pod.name,
+        "name",
+        "net9",
+    ]);
+    assert!(naive.is_err(), "this kernel accepted an altname collision");
+    let cfg = bed.config(json!({"rdma": false}));
+    let before = bed.host.links().unwrap();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert!(bed.pod.link("net1").unwrap().altnames.is_empty());
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(
+        bed.host.links().unwrap(),
+        before,
+        "altname back on the host"
+    );
+}
+
+#[test]
+fn refusals_touch_nothing() {
+    if skip_without_netns("refusals_touch_nothing") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let before = bed.host.links().unwrap();
+    bed.pod
+        .ip(&["link", "add", "net1", "type", "veth", "peer", "name", "y0"])
+        .unwrap();
+    let cases: Vec<(Value, &str, u32, &str)> = vec![
+        (json!({}), "net1", code::IFNAME_IN_USE, "already exists"),
+        (
+            json!({"deviceID": "0000:3b:00.0"}),
+            "net2",
+            code::VF_LOOKUP,
+            "not a VF",
+        ),
+        (
+            json!({"deviceID": "0000:3b:1f.7"}),
+            "net2",
+            code::VF_LOOKUP,
+            "not found",
+        ),
+        (
+            json!({"deviceID": bed.vf_pci(1)}),
+            "net2",
+            code::VF_LOOKUP,
+            "not in the host netns",
+        ),
+        (
+            json!({"deviceID": null}),
+            "net2",
+            code::INVALID_CONFIG,
+            "no VF given",
+        ),
+        (
+            json!({"deviceID": null, "runtimeConfig": {"CNIDeviceInfoFile": "/nonexistent/x.json"}}),
+            "net2",
+            code::INVALID_CONFIG,
+            "CNIDeviceInfoFile",
+        ),
+        (json!({"rdma": true}), "net2", code::RDMA, "mode"),
+    ];
+    kit.rdma = RecordingRdma::new(Err("EPROTONOSUPPORT".into()));
+    for (extra, ifname, want, needle) in cases {
+        let e = bed
+            .call(
+                &mut kit,
+                &Faults::none(),
+                &bed.env("ADD", "c1", ifname),
+                &bed.config(extra.clone()),
+            )
+            .err();
+        assert_eq!(e.code, want, "{extra}: {e}");
+        assert!(e.msg.contains(needle), "{extra}: {e}");
+        assert_eq!(bed.host.links().unwrap(), before, "{extra}");
+        assert!(bed.leases().is_empty(), "{extra}");
+        assert!(
+            bed.state_files().is_empty(),
+            "{extra}: {:?}",
+            bed.state_files()
+        );
+        assert!(kit.vf.sent.is_empty(), "{extra}: PF touched");
+    }
+}
+
+#[test]
+fn device_info_file_and_rdma_auto_without_rdma_netlink() {
+    if skip_without_netns("device_info_file_and_rdma_auto_without_rdma_netlink") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    kit.rdma = RecordingRdma::new(Err("EPROTONOSUPPORT".into()));
+    let info = std::path::PathBuf::from(format!("{}-devinfo.json", bed.state.path().display()));
+    std::fs::write(
+        &info,
+        format!(
+            r#"{{"type":"pci","version":"1.1.0","pci":{{"pci-address":"{}","pf-pci-address":"0000:3b:00.0","rdma-device":"mlx5_1"}}}}"#,
+            bed.vf_pci(0)
+        ),
+    )
+    .unwrap();
+    let cfg = bed.config(json!({"deviceID": null, "cniVersion": "1.1.0",
+        "runtimeConfig": {"CNIDeviceInfoFile": info.display().to_string()}}));
+    let r = bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    );
+    assert!(
+        r.warnings.iter().any(|w| w.contains("RDMA netns mode")),
+        "{:?}",
+        r.warnings
+    );
+    let res = r.ok().unwrap();
+    assert_eq!(res["cniVersion"], "1.1.0");
+    assert_eq!(res["interfaces"][0]["pciID"], bed.vf_pci(0));
+    assert_eq!(res["interfaces"][0]["mtu"], 1500);
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    std::fs::remove_file(&info).unwrap();
+}
+
+#[test]
+fn memlock_limit_of_the_runtime_is_checked() {
+    if skip_without_netns("memlock_limit_of_the_runtime_is_checked") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let own = kroce_cni::memlock::read_limit(std::path::Path::new("/proc"), "self").unwrap();
+    let cfg = bed.config(json!({"rdma": false, "memlock": "unlimited"}));
+    let r = bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    );
+    let warned = r.warnings.iter().any(|w| w.contains("RLIMIT_MEMLOCK"));
+    assert_eq!(
+        warned,
+        own.soft != kroce_cni::memlock::Memlock::Unlimited,
+        "{:?}",
+        r.warnings
+    );
+    r.ok();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+}
+
+/// The real PF-side implementation against this kernel: a veth is no PF, so
+/// it reports no VFs, and a well-formed VF request is parsed by the kernel
+/// and refused with EOPNOTSUPP (a malformed one would be EINVAL/ERANGE).
+#[test]
+fn real_pf_backend_messages_are_accepted_by_the_kernel() {
+    if skip_without_netns("real_pf_backend_messages_are_accepted_by_the_kernel") {
+        return;
+    }
+    use kroce_cni::vf_config::{RtnlVfConfig, VfConfig, VfConfigError};
+    let bed = TestBed::new(0).unwrap();
+    bed.host
+        .ip(&[
+            "link", "add", "pfstand", "type", "veth", "peer", "name", "pfpeer",
+        ])
+        .unwrap();
+    let mut real = RtnlVfConfig::new(Some(bed.host.open().unwrap()));
+    match real.get("pfstand", 0) {
+        Err(VfConfigError::NoSuchVf { listed: 0, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        real.get("nope0", 0),
+        Err(VfConfigError::PfGone { .. })
+    ));
+    let mac = "02:00:00:00:00:01".parse().unwrap();
+    for s in [
+        VfSetting::Mac { mac },
+        VfSetting::Vlan {
+            vlan: 5,
+            qos: 1,
+            proto: VlanProto::Dot1Q,
+        },
+        VfSetting::Vlan {
+            vlan: 5,
+            qos: 1,
+            proto: VlanProto::Dot1Ad,
+        },
+        VfSetting::Rate { min: 0, max: 100 },
+        VfSetting::Spoofchk { on: true },
+        VfSetting::Trust { on: true },
+        VfSetting::LinkState {
+            state: LinkState::Auto,
+        },
+    ] {
+        let e = real.set("pfstand", 0, &s).unwrap_err();
+        let errno = match &e {
+            VfConfigError::Netlink { source, .. } => source.errno(),
+            _ => None,
+        };
+        assert_eq!(errno, Some(nix::errno::Errno::EOPNOTSUPP), "{s}: {e}");
+    }
+    // Control: a truncated IFLA_VF_MAC is rejected by the policy, not by the
+    // missing driver op.
+    let ns = bed.host.open().unwrap();
+    let mut sock =
+        kroce_cni::netlink::NlSocket::open_in(&ns, nix::sys::socket::SockProtocol::NetlinkRoute)
+            .unwrap();
+    let idx = route::parse_link(&sock.request(&route::get_link_by_name("pfstand")).unwrap()[0])
+        .unwrap()
+        .index;
+    let mut bad = kroce_cni::netlink::MsgBuilder::new(route::RTM_SETLINK, 5)
+        .family_header(&route::ifinfomsg(idx, 0, 0));
+    bad.begin_nest(route::IFLA_VFINFO_LIST)
+        .begin_nest(route::IFLA_VF_INFO)
+        .attr(route::IFLA_VF_MAC, &[0u8; 10])
+        .end_nest()
+        .end_nest();
+    let e = sock.request(&bad).unwrap_err();
+    assert_ne!(e.errno(), Some(nix::errno::Errno::EOPNOTSUPP), "{e}");
+}
+
+#[test]
+fn real_rdma_backend_reports_a_missing_rdma_stack() {
+    use kroce_cni::rdma::{NetlinkRdma, RdmaControl, RdmaError};
+    match NetlinkRdma::new(None).netns_mode() {
+        Err(RdmaError::Unavailable { source, .. }) => {
+            assert_eq!(
+                source.errno(),
+                Some(nix::errno::Errno::EPROTONOSUPPORT),
+                "{source}"
+            );
+        }
+        Ok(mode) => println!("this host has an RDMA stack: netns mode {mode:?}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn chained_add_keeps_the_previous_result() {
+    if skip_without_netns("chained_add_keeps_the_previous_result") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let mut cfg = bed.config(json!({"rdma": false, "cniVersion": "1.1.0"}));
+    cfg["prevResult"] = json!({
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:aa", "sandbox": bed.pod.path.display().to_string()}],
+        "ips": [{"address": "192.168.5.9/24", "gateway": "192.168.5.1", "interface": 0}],
+        "dns": {"nameservers": ["192.168.5.1"]}
+    });
+    let r = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "c1", "net1"),
+            &cfg,
+        )
+        .ok()
+        .unwrap();
+    assert_eq!(r["interfaces"][0]["name"], "eth0");
+    assert_eq!(r["interfaces"][1]["name"], "net1");
+    assert_eq!(r["ips"][0]["interface"], 0);
+    assert_eq!(r["ips"][1]["interface"], 1);
+    assert_eq!(r["ips"][1]["address"], "10.77.0.2/24");
+    assert_eq!(r["dns"]["nameservers"][0], "192.168.5.1");
+    // CHECK with that chained result looks at our interface only.
+    let mut check = cfg.clone();
+    check["prevResult"] = r;
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("CHECK", "c1", "net1"),
+        &check,
+    )
+    .ok();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert!(bed.leases().is_empty());
+}
