@@ -1,1 +1,239 @@
-fn main() {}
+//! `kroce-operator`: the CRDs, the cluster controller and the node agent.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use kroce_operator::agent::apply::{Agent, AgentConfig};
+use kroce_operator::agent::dcb::{NetlinkDcb, SocketTransport};
+use kroce_operator::agent::holders::PodSnapshot;
+use kroce_operator::agent::links::RtnetlinkLinks;
+use kroce_operator::agent::run::{AgentMetrics, RunConfig};
+use kroce_operator::agent::vfs::SysfsVfControl;
+use kroce_operator::controller::http::{Health, serve};
+use kroce_operator::controller::metrics::Metrics;
+use kroce_operator::crd::{RdmaNodeStateSpec, SyncState};
+use prometheus_client::registry::Registry;
+use sriov_helpers::HostRoot;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// kroce operator: RdmaNetwork -> VFs, NUMA-local IRQs, RoCE QoS, device
+/// plugin pools and NetworkAttachmentDefinitions.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Debug)]
+struct HostArgs {
+    /// Root holding the host's sys/, proc/ and dev/ (e.g. /host when mounted there).
+    #[arg(long, env = "KROCE_HOST_ROOT", default_value = "/")]
+    host_root: PathBuf,
+    /// Override the sysfs tree (default <host-root>/sys).
+    #[arg(long)]
+    sys_root: Option<PathBuf>,
+    /// Override the procfs tree (default <host-root>/proc).
+    #[arg(long)]
+    proc_root: Option<PathBuf>,
+    /// configfs mount (RDMA-CM defaults live under <configfs>/rdma_cm).
+    #[arg(long, default_value = "/sys/kernel/config")]
+    configfs: PathBuf,
+    /// Seconds to wait for new VF netdevs and RDMA devices.
+    #[arg(long, default_value_t = 120)]
+    vf_wait_seconds: u64,
+}
+
+impl HostArgs {
+    fn agent_config(&self) -> AgentConfig {
+        let base = HostRoot::new(&self.host_root);
+        let root = HostRoot::with_paths(
+            self.sys_root
+                .clone()
+                .unwrap_or_else(|| base.sys().to_path_buf()),
+            self.proc_root
+                .clone()
+                .unwrap_or_else(|| base.proc().to_path_buf()),
+            base.dev().to_path_buf(),
+        );
+        AgentConfig {
+            root,
+            configfs: self.configfs.clone(),
+            vf_wait: Duration::from_secs(self.vf_wait_seconds),
+            poll: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Print the CRDs (RdmaNetwork, RdmaNodeState) as YAML.
+    Crd,
+    /// Run the cluster controller (one per cluster).
+    Controller {
+        /// Namespace of the device plugin ConfigMap (the operator's own).
+        #[arg(long, env = "POD_NAMESPACE", default_value = "kroce-system")]
+        namespace: String,
+        /// Name of the shared device plugin ConfigMap (keys: <node>.yaml).
+        #[arg(long, default_value = "kroce-device-plugin")]
+        configmap: String,
+        /// Address for /metrics and /health.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+    },
+    /// Run the node agent (one per node, privileged, host sysfs/procfs).
+    NodeAgent {
+        /// This node's name (from the downward API).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+        #[command(flatten)]
+        host: HostArgs,
+        /// Re-read the host and repair drift this often, seconds.
+        #[arg(long, default_value_t = 60)]
+        resync_seconds: u64,
+        /// Give up on a blocked sriov_numvfs write after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        vf_write_timeout_seconds: u64,
+        /// Address for /metrics and /health.
+        #[arg(long, default_value = "0.0.0.0:8081")]
+        listen: SocketAddr,
+    },
+    /// Apply an RdmaNodeState spec (YAML file) to this host once, without
+    /// Kubernetes, and print the resulting status as JSON. Exit 0 when in
+    /// sync, 2 when not.
+    Apply {
+        /// File with an RdmaNodeState spec (or a whole RdmaNodeState object).
+        #[arg(long)]
+        spec_file: PathBuf,
+        #[command(flatten)]
+        host: HostArgs,
+        /// PCI addresses kroce configured before (reset to 0 VFs if absent from the spec).
+        #[arg(long, value_delimiter = ',')]
+        managed: Vec<String>,
+    },
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+}
+
+fn read_spec(path: &PathBuf) -> anyhow::Result<RdmaNodeStateSpec> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let spec = value.get("spec").cloned().unwrap_or(value);
+    serde_json::from_value(spec)
+        .with_context(|| format!("{}: not an RdmaNodeState spec", path.display()))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Crd => {
+            print!("{}", kroce_operator::crd::crds_yaml()?);
+            Ok(())
+        }
+        Cmd::Apply {
+            spec_file,
+            host,
+            managed,
+        } => apply_once(&spec_file, &host, &managed),
+        cmd => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(serve_cluster(cmd)),
+    }
+}
+
+/// `apply`: plain threads, no async runtime (the netlink edge brings its own).
+fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyhow::Result<()> {
+    let spec = read_spec(spec_file)?;
+    let cfg = host.agent_config();
+    let vfs = SysfsVfControl {
+        root: cfg.root.clone(),
+        timeout: cfg.vf_wait,
+    };
+    let links = RtnetlinkLinks::new()?;
+    let dcb = NetlinkDcb::new(SocketTransport::new()?);
+    let agent = Agent {
+        config: &cfg,
+        vfs: &vfs,
+        links: &links,
+        dcb: &dcb,
+    };
+    let outcome = agent.apply(&spec, managed, &PodSnapshot::default());
+    for c in &outcome.changes {
+        eprintln!("changed: {c}");
+    }
+    println!("{}", serde_json::to_string_pretty(&outcome.status)?);
+    if outcome.status.sync_state != SyncState::Succeeded {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Controller {
+            namespace,
+            configmap,
+            listen,
+        } => {
+            init_tracing();
+            let client = kube::Client::try_default()
+                .await
+                .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
+            let metrics = Arc::new(Metrics::default());
+            let mut registry = Registry::default();
+            metrics.register(&mut registry);
+            let health = Arc::new(Health::default());
+            let server = tokio::spawn(serve(listen, Arc::new(registry), health.clone()));
+            let ctx =
+                kroce_operator::controller::Context::new(client, &namespace, &configmap, metrics);
+            let r = kroce_operator::controller::run(ctx).await;
+            health
+                .failed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            server.abort();
+            r
+        }
+        Cmd::NodeAgent {
+            node_name,
+            host,
+            resync_seconds,
+            vf_write_timeout_seconds,
+            listen,
+        } => {
+            init_tracing();
+            let client = kube::Client::try_default()
+                .await
+                .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
+            let metrics = AgentMetrics::default();
+            let mut registry = Registry::default();
+            metrics.register(&mut registry);
+            let health = Arc::new(Health::default());
+            let server = tokio::spawn(serve(listen, Arc::new(registry), health.clone()));
+            let cfg = RunConfig {
+                node_name,
+                agent: host.agent_config(),
+                resync: Duration::from_secs(resync_seconds.max(1)),
+                vf_write_timeout: Duration::from_secs(vf_write_timeout_seconds.max(1)),
+            };
+            let r = kroce_operator::agent::run::run(client, cfg, metrics).await;
+            health
+                .failed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            server.abort();
+            r
+        }
+        Cmd::Crd | Cmd::Apply { .. } => Ok(()),
+    }
+}

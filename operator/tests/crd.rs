@@ -31,6 +31,10 @@ fn network_schema() -> serde_json::Value {
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
 }
 
+fn num(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
 #[test]
 fn network_schema_validates_fields() {
     let spec = network_schema();
@@ -42,13 +46,13 @@ fn network_schema_validates_fields() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert!(required.contains(&"numVfs") && required.contains(&"nicSelector"));
-    assert_eq!(props["numVfs"]["minimum"], 1);
-    assert_eq!(props["vlan"]["maximum"], 4094);
-    assert_eq!(props["vlanQoS"]["maximum"], 7);
+    assert_eq!(num(&props["numVfs"]["minimum"]), 1.0);
+    assert_eq!(num(&props["vlan"]["maximum"]), 4094.0);
+    assert_eq!(num(&props["vlanQoS"]["maximum"]), 7.0);
     assert_eq!(props["ipam"]["x-kubernetes-preserve-unknown-fields"], true);
     let qos = &props["qos"]["properties"];
-    assert_eq!(qos["pfcPriority"]["maximum"], 7);
-    assert_eq!(qos["pfcPriority"]["default"], 3);
+    assert_eq!(num(&qos["pfcPriority"]["maximum"]), 7.0);
+    assert_eq!(num(&qos["pfcPriority"]["default"]), 3.0);
     let trust: Vec<&str> = qos["trust"]["enum"]
         .as_array()
         .unwrap()
@@ -75,9 +79,12 @@ fn network_schema_validates_fields() {
         "retestIntervalSeconds",
         "gate",
     ] {
-        assert!(adm.get(f).is_some(), "admission.{f} missing from the schema");
+        assert!(
+            adm.get(f).is_some(),
+            "admission.{f} missing from the schema"
+        );
     }
-    assert_eq!(adm["minBandwidthFraction"]["maximum"], 1.0);
+    assert_eq!(num(&adm["minBandwidthFraction"]["maximum"]), 1.0);
 }
 
 #[test]

@@ -10,12 +10,12 @@ pub mod node_state;
 pub use admission::{AdmissionGate, AdmissionSpec};
 pub use conditions::{Condition, ConditionStatus};
 pub use network::{
-    IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec,
-    RdmaNetworkStatus, ReservedCpusMode, Trust,
+    IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec, RdmaNetworkStatus,
+    ReservedCpusMode, Trust,
 };
 pub use node_state::{
-    IrqPlacement, ObservedPf, ObservedQos, ObservedVf, PfConfig, RdmaNodeState,
-    RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState, VfGroup,
+    IrqPlacement, ObservedPf, ObservedQos, ObservedVf, PfConfig, RdmaNodeState, RdmaNodeStateSpec,
+    RdmaNodeStateStatus, SyncState, VfGroup,
 };
 
 use kube::CustomResourceExt;

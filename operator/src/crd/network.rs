@@ -132,11 +132,11 @@ impl Default for QosSpec {
     category = "kroce",
     status = "RdmaNetworkStatus",
     derive = "PartialEq",
-    printcolumn(name = "VFs", type_ = "integer", json_path = ".spec.numVfs"),
-    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resourceName"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyNodes"),
-    printcolumn(name = "Matched", type_ = "integer", json_path = ".status.matchedNodes"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"VFs","type":"integer","jsonPath":".spec.numVfs"}"#,
+    printcolumn = r#"{"name":"Resource","type":"string","jsonPath":".spec.resourceName"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyNodes"}"#,
+    printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.matchedNodes"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RdmaNetworkSpec {

@@ -41,7 +41,9 @@ pub struct PfConfig {
     pub qos: Option<QosSpec>,
 }
 
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema,
+)]
 #[kube(
     group = "kroce.io",
     version = "v1alpha1",
@@ -52,10 +54,10 @@ pub struct PfConfig {
     status = "RdmaNodeStateStatus",
     derive = "PartialEq",
     derive = "Default",
-    printcolumn(name = "Sync", type_ = "string", json_path = ".status.syncState"),
-    printcolumn(name = "PFs", type_ = "integer", json_path = ".status.configuredPfs"),
-    printcolumn(name = "Error", type_ = "string", json_path = ".status.lastError", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"Sync","type":"string","jsonPath":".status.syncState"}"#,
+    printcolumn = r#"{"name":"PFs","type":"integer","jsonPath":".status.configuredPfs"}"#,
+    printcolumn = r#"{"name":"Error","type":"string","jsonPath":".status.lastError","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RdmaNodeStateSpec {
@@ -168,6 +170,10 @@ pub struct RdmaNodeStateStatus {
     /// Every SR-IOV capable PF on the node.
     #[serde(default)]
     pub pfs: Vec<ObservedPf>,
+    /// PCI addresses of the PFs whose VFs kroce created: a PF that leaves
+    /// the spec goes back to zero VFs only if it is listed here.
+    #[serde(default)]
+    pub managed_pfs: Vec<String>,
     #[serde(default)]
     pub irq_placement: Vec<IrqPlacement>,
     /// `Ready`, `Degraded`, `VfsHeld`, `IrqBalanceRunning`, ...

@@ -1,0 +1,690 @@
+//! DCB over rtnetlink (`RTM_GETDCB`/`RTM_SETDCB`, `linux/dcbnl.h`): DCBX
+//! mode, IEEE PFC and the DSCP APP table (which is how the kernel sets
+//! `trust dscp`: mlx5 switches to DSCP trust on the first DSCP APP entry and
+//! back to PCP when the last is deleted). The kernel here has no NIC with
+//! dcbnl ops, so the encoder is tested byte for byte against a recording
+//! transport; the real socket transport is tested for what it can be here
+//! (the kernel parses our request and answers ENODEV/EOPNOTSUPP).
+
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const RTM_GETDCB: u16 = 78;
+pub const RTM_SETDCB: u16 = 79;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLMSG_HDRLEN: usize = 16;
+const DCBMSG_LEN: usize = 4;
+
+/// `enum dcbnl_commands`.
+pub mod cmd {
+    pub const IEEE_SET: u8 = 20;
+    pub const IEEE_GET: u8 = 21;
+    pub const GDCBX: u8 = 22;
+    pub const SDCBX: u8 = 23;
+    pub const IEEE_DEL: u8 = 27;
+}
+
+/// `enum dcbnl_attrs`, `enum ieee_attrs`, `enum ieee_attrs_app`.
+pub mod attr {
+    pub const IFNAME: u16 = 1;
+    pub const IEEE: u16 = 13;
+    pub const DCBX: u16 = 14;
+    pub const IEEE_PFC: u16 = 2;
+    pub const IEEE_APP_TABLE: u16 = 3;
+    pub const IEEE_APP: u16 = 1;
+}
+
+pub const DCB_CAP_DCBX_HOST: u8 = 0x01;
+pub const DCB_CAP_DCBX_LLD_MANAGED: u8 = 0x02;
+pub const DCB_CAP_DCBX_VER_IEEE: u8 = 0x08;
+pub const IEEE_8021QAZ_APP_SEL_DSCP: u8 = 5;
+/// `sizeof(struct ieee_pfc)`: 3 u8, pad, u16, pad to 8, 2 x 8 u64.
+pub const IEEE_PFC_LEN: usize = 136;
+
+/// `struct ieee_pfc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IeeePfc {
+    pub pfc_cap: u8,
+    pub pfc_en: u8,
+    pub mbc: u8,
+    pub delay: u16,
+    pub requests: [u64; 8],
+    pub indications: [u64; 8],
+}
+
+impl IeeePfc {
+    pub fn to_bytes(&self) -> [u8; IEEE_PFC_LEN] {
+        let mut b = [0u8; IEEE_PFC_LEN];
+        b[0] = self.pfc_cap;
+        b[1] = self.pfc_en;
+        b[2] = self.mbc;
+        b[4..6].copy_from_slice(&self.delay.to_ne_bytes());
+        for i in 0..8 {
+            b[8 + i * 8..16 + i * 8].copy_from_slice(&self.requests[i].to_ne_bytes());
+            b[72 + i * 8..80 + i * 8].copy_from_slice(&self.indications[i].to_ne_bytes());
+        }
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<IeeePfc> {
+        if b.len() < IEEE_PFC_LEN {
+            return None;
+        }
+        let u64_at = |o: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[o..o + 8]);
+            u64::from_ne_bytes(a)
+        };
+        let mut p = IeeePfc {
+            pfc_cap: b[0],
+            pfc_en: b[1],
+            mbc: b[2],
+            delay: u16::from_ne_bytes([b[4], b[5]]),
+            ..Default::default()
+        };
+        for i in 0..8 {
+            p.requests[i] = u64_at(8 + i * 8);
+            p.indications[i] = u64_at(72 + i * 8);
+        }
+        Some(p)
+    }
+}
+
+/// `struct dcb_app`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DcbApp {
+    pub selector: u8,
+    pub priority: u8,
+    pub protocol: u16,
+}
+
+impl DcbApp {
+    pub fn dscp(dscp: u8, priority: u8) -> DcbApp {
+        DcbApp {
+            selector: IEEE_8021QAZ_APP_SEL_DSCP,
+            priority,
+            protocol: u16::from(dscp),
+        }
+    }
+    fn to_bytes(self) -> [u8; 4] {
+        let p = self.protocol.to_ne_bytes();
+        [self.selector, self.priority, p[0], p[1]]
+    }
+}
+
+/// What `DCB_CMD_IEEE_GET` tells about a netdev.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DcbState {
+    pub dcbx: Option<u8>,
+    pub pfc: Option<IeeePfc>,
+    pub apps: Vec<DcbApp>,
+}
+
+impl DcbState {
+    pub fn dscp_apps(&self) -> Vec<DcbApp> {
+        self.apps
+            .iter()
+            .copied()
+            .filter(|a| a.selector == IEEE_8021QAZ_APP_SEL_DSCP)
+            .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DcbError {
+    #[error("DCB {op} on {ifname}: {source}")]
+    Io {
+        op: &'static str,
+        ifname: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("DCB {op} on {ifname}: malformed reply: {reason}")]
+    Reply {
+        op: &'static str,
+        ifname: String,
+        reason: String,
+    },
+}
+
+/// The DCB operations the agent needs, per netdev.
+pub trait Dcb: Send + Sync {
+    fn get(&self, ifname: &str) -> Result<DcbState, DcbError>;
+    fn set_dcbx(&self, ifname: &str, mode: u8) -> Result<(), DcbError>;
+    fn set_pfc(&self, ifname: &str, pfc: &IeeePfc) -> Result<(), DcbError>;
+    fn add_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError>;
+    fn del_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError>;
+}
+
+/// Sends one netlink request and returns the reply messages (whole, with
+/// their headers) that came before the ACK; a negative ACK is an error.
+pub trait NetlinkTransport: Send {
+    fn request(&mut self, msg: &[u8]) -> io::Result<Vec<Vec<u8>>>;
+}
+
+fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+    let len = 4 + payload.len();
+    buf.extend_from_slice(&(len as u16).to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize(buf.len() + (4 - len % 4) % 4, 0);
+}
+
+fn ifname_attr(buf: &mut Vec<u8>, ifname: &str) {
+    let mut name = ifname.as_bytes().to_vec();
+    name.push(0);
+    push_attr(buf, attr::IFNAME, &name);
+}
+
+/// `nlmsghdr` + `dcbmsg { AF_UNSPEC, cmd, 0 }` + attributes.
+pub fn encode(msg_type: u16, command: u8, seq: u32, attrs: &[u8]) -> Vec<u8> {
+    let flags = NLM_F_REQUEST | NLM_F_ACK;
+    let len = NLMSG_HDRLEN + DCBMSG_LEN + attrs.len();
+    let mut b = Vec::with_capacity(len);
+    b.extend_from_slice(&(len as u32).to_ne_bytes());
+    b.extend_from_slice(&msg_type.to_ne_bytes());
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&0u32.to_ne_bytes());
+    b.extend_from_slice(&[0, command, 0, 0]);
+    b.extend_from_slice(attrs);
+    b
+}
+
+pub fn encode_get(ifname: &str, seq: u32) -> Vec<u8> {
+    let mut a = Vec::new();
+    ifname_attr(&mut a, ifname);
+    encode(RTM_GETDCB, cmd::IEEE_GET, seq, &a)
+}
+
+pub fn encode_set_dcbx(ifname: &str, mode: u8, seq: u32) -> Vec<u8> {
+    let mut a = Vec::new();
+    ifname_attr(&mut a, ifname);
+    push_attr(&mut a, attr::DCBX, &[mode]);
+    encode(RTM_SETDCB, cmd::SDCBX, seq, &a)
+}
+
+pub fn encode_set_pfc(ifname: &str, pfc: &IeeePfc, seq: u32) -> Vec<u8> {
+    let mut ieee = Vec::new();
+    push_attr(&mut ieee, attr::IEEE_PFC, &pfc.to_bytes());
+    let mut a = Vec::new();
+    ifname_attr(&mut a, ifname);
+    push_attr(&mut a, attr::IEEE, &ieee);
+    encode(RTM_SETDCB, cmd::IEEE_SET, seq, &a)
+}
+
+/// `IEEE_SET` (add) or `IEEE_DEL` with an APP table.
+pub fn encode_apps(ifname: &str, apps: &[DcbApp], delete: bool, seq: u32) -> Vec<u8> {
+    let mut table = Vec::new();
+    for app in apps {
+        push_attr(&mut table, attr::IEEE_APP, &app.to_bytes());
+    }
+    let mut ieee = Vec::new();
+    push_attr(&mut ieee, attr::IEEE_APP_TABLE, &table);
+    let mut a = Vec::new();
+    ifname_attr(&mut a, ifname);
+    push_attr(&mut a, attr::IEEE, &ieee);
+    let command = if delete { cmd::IEEE_DEL } else { cmd::IEEE_SET };
+    encode(RTM_SETDCB, command, seq, &a)
+}
+
+/// Iterates `(type, payload)` over a run of netlink attributes.
+fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let payload = &b[4..len];
+        let padded = (len + 3) & !3;
+        b = &b[padded.min(b.len())..];
+        Some((kind, payload))
+    })
+}
+
+/// Parses the `RTM_GETDCB` reply to `IEEE_GET`.
+pub fn parse_get_reply(msg: &[u8]) -> Result<DcbState, String> {
+    if msg.len() < NLMSG_HDRLEN + DCBMSG_LEN {
+        return Err(format!("{} bytes is shorter than the headers", msg.len()));
+    }
+    let mut state = DcbState::default();
+    for (kind, payload) in attrs(&msg[NLMSG_HDRLEN + DCBMSG_LEN..]) {
+        match kind {
+            attr::DCBX => state.dcbx = payload.first().copied(),
+            attr::IEEE => {
+                for (k, p) in attrs(payload) {
+                    match k {
+                        attr::IEEE_PFC => {
+                            state.pfc = Some(IeeePfc::from_bytes(p).ok_or_else(|| {
+                                format!("ieee_pfc of {} bytes, want {IEEE_PFC_LEN}", p.len())
+                            })?);
+                        }
+                        attr::IEEE_APP_TABLE => {
+                            for (ak, ap) in attrs(p) {
+                                if ak == attr::IEEE_APP && ap.len() >= 4 {
+                                    state.apps.push(DcbApp {
+                                        selector: ap[0],
+                                        priority: ap[1],
+                                        protocol: u16::from_ne_bytes([ap[2], ap[3]]),
+                                    });
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(state)
+}
+
+/// [`Dcb`] over a [`NetlinkTransport`]: the real socket in production, a
+/// recording one in tests.
+#[derive(Debug)]
+pub struct NetlinkDcb<T> {
+    transport: Mutex<T>,
+    seq: AtomicU32,
+}
+
+impl<T: NetlinkTransport> NetlinkDcb<T> {
+    pub fn new(transport: T) -> Self {
+        NetlinkDcb {
+            transport: Mutex::new(transport),
+            seq: AtomicU32::new(1),
+        }
+    }
+
+    fn next_seq(&self) -> u32 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn send(&self, op: &'static str, ifname: &str, msg: &[u8]) -> Result<Vec<Vec<u8>>, DcbError> {
+        let mut t = self.transport.lock().map_err(|_| DcbError::Io {
+            op,
+            ifname: ifname.to_string(),
+            source: io::Error::other("netlink transport lock poisoned"),
+        })?;
+        t.request(msg).map_err(|source| DcbError::Io {
+            op,
+            ifname: ifname.to_string(),
+            source,
+        })
+    }
+
+    pub fn into_transport(self) -> Option<T> {
+        self.transport.into_inner().ok()
+    }
+}
+
+impl<T: NetlinkTransport> Dcb for NetlinkDcb<T> {
+    fn get(&self, ifname: &str) -> Result<DcbState, DcbError> {
+        let replies = self.send("IEEE_GET", ifname, &encode_get(ifname, self.next_seq()))?;
+        let reply = replies.first().ok_or_else(|| DcbError::Reply {
+            op: "IEEE_GET",
+            ifname: ifname.to_string(),
+            reason: "no reply before the ACK".into(),
+        })?;
+        parse_get_reply(reply).map_err(|reason| DcbError::Reply {
+            op: "IEEE_GET",
+            ifname: ifname.to_string(),
+            reason,
+        })
+    }
+    fn set_dcbx(&self, ifname: &str, mode: u8) -> Result<(), DcbError> {
+        self.send(
+            "SDCBX",
+            ifname,
+            &encode_set_dcbx(ifname, mode, self.next_seq()),
+        )
+        .map(drop)
+    }
+    fn set_pfc(&self, ifname: &str, pfc: &IeeePfc) -> Result<(), DcbError> {
+        self.send(
+            "IEEE_SET PFC",
+            ifname,
+            &encode_set_pfc(ifname, pfc, self.next_seq()),
+        )
+        .map(drop)
+    }
+    fn add_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError> {
+        self.send(
+            "IEEE_SET APP",
+            ifname,
+            &encode_apps(ifname, apps, false, self.next_seq()),
+        )
+        .map(drop)
+    }
+    fn del_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError> {
+        self.send(
+            "IEEE_DEL APP",
+            ifname,
+            &encode_apps(ifname, apps, true, self.next_seq()),
+        )
+        .map(drop)
+    }
+}
+
+/// Splits a datagram into netlink messages: `(type, whole message)`.
+fn messages(buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut b = buf;
+    while b.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if len < NLMSG_HDRLEN || len > b.len() {
+            break;
+        }
+        out.push((u16::from_ne_bytes([b[4], b[5]]), &b[..len]));
+        b = &b[((len + 3) & !3).min(b.len())..];
+    }
+    out
+}
+
+/// The real transport: a `NETLINK_ROUTE` socket.
+#[derive(Debug)]
+pub struct SocketTransport {
+    socket: netlink_sys::Socket,
+}
+
+impl SocketTransport {
+    pub fn new() -> io::Result<Self> {
+        let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)?;
+        socket.bind_auto()?;
+        socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+        Ok(SocketTransport { socket })
+    }
+}
+
+impl NetlinkTransport for SocketTransport {
+    fn request(&mut self, msg: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+        self.socket.send(msg, 0)?;
+        let mut replies = Vec::new();
+        loop {
+            let mut buf = vec![0u8; 32 * 1024];
+            let n = self.socket.recv(&mut &mut buf[..], 0)?;
+            buf.truncate(n);
+            for (kind, m) in messages(&buf) {
+                match kind {
+                    NLMSG_ERROR => {
+                        let code = m
+                            .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
+                            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                            .unwrap_or(-libc::EIO);
+                        if code == 0 {
+                            return Ok(replies);
+                        }
+                        return Err(io::Error::from_raw_os_error(-code));
+                    }
+                    NLMSG_DONE => return Ok(replies),
+                    _ => replies.push(m.to_vec()),
+                }
+            }
+        }
+    }
+}
+
+/// A transport that records every request and answers with queued
+/// replies (an ACK when none are queued).
+#[cfg(any(test, feature = "testing"))]
+#[derive(Debug, Default)]
+pub struct RecordingTransport {
+    pub sent: Vec<Vec<u8>>,
+    pub replies: std::collections::VecDeque<io::Result<Vec<Vec<u8>>>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl NetlinkTransport for RecordingTransport {
+    fn request(&mut self, msg: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+        self.sent.push(msg.to_vec());
+        self.replies.pop_front().unwrap_or_else(|| Ok(Vec::new()))
+    }
+}
+
+/// An in-memory NIC for node-agent tests: keeps DCB state per netdev the way
+/// a driver would and records every call.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Debug, Default)]
+pub struct FakeDcb {
+    pub state: Mutex<std::collections::BTreeMap<String, DcbState>>,
+    pub calls: Mutex<Vec<String>>,
+    /// Netdevs whose driver has no dcbnl ops (EOPNOTSUPP).
+    pub unsupported: Vec<String>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl FakeDcb {
+    fn with<R>(
+        &self,
+        op: &'static str,
+        ifname: &str,
+        f: impl FnOnce(&mut DcbState) -> R,
+    ) -> Result<R, DcbError> {
+        if self.unsupported.iter().any(|u| u == ifname) {
+            return Err(DcbError::Io {
+                op,
+                ifname: ifname.to_string(),
+                source: io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+            });
+        }
+        if let Ok(mut c) = self.calls.lock() {
+            c.push(format!("{op} {ifname}"));
+        }
+        let mut s = self.state.lock().map_err(|_| DcbError::Io {
+            op,
+            ifname: ifname.to_string(),
+            source: io::Error::other("poisoned"),
+        })?;
+        let st = s.entry(ifname.to_string()).or_insert_with(|| DcbState {
+            dcbx: Some(DCB_CAP_DCBX_LLD_MANAGED | DCB_CAP_DCBX_VER_IEEE),
+            pfc: Some(IeeePfc {
+                pfc_cap: 8,
+                ..Default::default()
+            }),
+            apps: Vec::new(),
+        });
+        Ok(f(st))
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Dcb for FakeDcb {
+    fn get(&self, ifname: &str) -> Result<DcbState, DcbError> {
+        self.with("IEEE_GET", ifname, |s| s.clone())
+    }
+    fn set_dcbx(&self, ifname: &str, mode: u8) -> Result<(), DcbError> {
+        self.with("SDCBX", ifname, |s| s.dcbx = Some(mode))
+    }
+    fn set_pfc(&self, ifname: &str, pfc: &IeeePfc) -> Result<(), DcbError> {
+        self.with("IEEE_SET PFC", ifname, |s| s.pfc = Some(*pfc))
+    }
+    fn add_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError> {
+        self.with("IEEE_SET APP", ifname, |s| {
+            for a in apps {
+                // IEEE: one priority per (selector, protocol).
+                s.apps
+                    .retain(|x| !(x.selector == a.selector && x.protocol == a.protocol));
+                s.apps.push(*a);
+            }
+            s.apps.sort();
+        })
+    }
+    fn del_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError> {
+        self.with("IEEE_DEL APP", ifname, |s| {
+            s.apps.retain(|x| !apps.contains(x))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ne16(v: u16) -> [u8; 2] {
+        v.to_ne_bytes()
+    }
+    fn ne32(v: u32) -> [u8; 4] {
+        v.to_ne_bytes()
+    }
+
+    /// Hand-assembled expected header: len, type, flags, seq, pid, dcbmsg.
+    fn header(len: u32, ty: u16, seq: u32, command: u8) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend(ne32(len));
+        v.extend(ne16(ty));
+        v.extend(ne16(0x5));
+        v.extend(ne32(seq));
+        v.extend(ne32(0));
+        v.extend([0, command, 0, 0]);
+        v
+    }
+
+    fn ifname_ens1f0() -> Vec<u8> {
+        // len 4 + "ens1f0\0" = 11, padded to 12
+        let mut v = Vec::new();
+        v.extend(ne16(11));
+        v.extend(ne16(1));
+        v.extend(b"ens1f0\0\0");
+        v
+    }
+
+    #[test]
+    fn set_pfc_message_bytes() {
+        let pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0b1000,
+            mbc: 0,
+            delay: 0x1234,
+            ..Default::default()
+        };
+        let got = encode_set_pfc("ens1f0", &pfc, 7);
+        let mut want = header(16 + 4 + 12 + 4 + 4 + 136, 79, 7, 20);
+        want.extend(ifname_ens1f0());
+        want.extend(ne16(4 + 4 + 136)); // DCB_ATTR_IEEE
+        want.extend(ne16(13));
+        want.extend(ne16(4 + 136)); // DCB_ATTR_IEEE_PFC
+        want.extend(ne16(2));
+        let mut body = vec![8u8, 0b1000, 0, 0];
+        body.extend(ne16(0x1234));
+        body.extend([0, 0]);
+        body.extend([0u8; 128]);
+        want.extend(body);
+        assert_eq!(got, want);
+        assert_eq!(got.len(), 176);
+        assert_eq!(IeeePfc::from_bytes(&pfc.to_bytes()), Some(pfc));
+    }
+
+    #[test]
+    fn set_dcbx_and_app_table_bytes() {
+        let got = encode_set_dcbx("ens1f0", DCB_CAP_DCBX_HOST | DCB_CAP_DCBX_VER_IEEE, 1);
+        let mut want = header(16 + 4 + 12 + 8, 79, 1, 23);
+        want.extend(ifname_ens1f0());
+        want.extend(ne16(5));
+        want.extend(ne16(14));
+        want.extend([0x09, 0, 0, 0]);
+        assert_eq!(got, want);
+
+        let apps = [DcbApp::dscp(26, 3), DcbApp::dscp(46, 5)];
+        let got = encode_apps("ens1f0", &apps, false, 2);
+        let mut want = header(16 + 4 + 12 + 4 + 4 + 16, 79, 2, 20);
+        want.extend(ifname_ens1f0());
+        want.extend(ne16(4 + 4 + 16));
+        want.extend(ne16(13));
+        want.extend(ne16(4 + 16));
+        want.extend(ne16(3));
+        for (dscp, prio) in [(26u16, 3u8), (46, 5)] {
+            want.extend(ne16(8));
+            want.extend(ne16(1));
+            want.extend([5, prio]);
+            want.extend(ne16(dscp));
+        }
+        assert_eq!(got, want);
+        let del = encode_apps("ens1f0", &apps, true, 2);
+        assert_eq!(del[17], 27, "IEEE_DEL command");
+        assert_eq!(&del[18..], &want[18..]);
+    }
+
+    #[test]
+    fn get_request_and_reply_parse() {
+        let got = encode_get("ens1f0", 3);
+        let mut want = header(32, 78, 3, 21);
+        want.extend(ifname_ens1f0());
+        assert_eq!(got, want);
+
+        // A reply as dcbnl_ieee_fill lays it out: IFNAME, IEEE{PFC, APP_TABLE}, DCBX.
+        let pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0b1000,
+            ..Default::default()
+        };
+        let mut ieee = Vec::new();
+        push_attr(&mut ieee, attr::IEEE_PFC, &pfc.to_bytes());
+        let mut table = Vec::new();
+        push_attr(&mut table, attr::IEEE_APP, &DcbApp::dscp(26, 3).to_bytes());
+        push_attr(&mut ieee, attr::IEEE_APP_TABLE, &table);
+        let mut a = Vec::new();
+        ifname_attr(&mut a, "ens1f0");
+        push_attr(&mut a, attr::IEEE, &ieee);
+        push_attr(&mut a, attr::DCBX, &[0x09]);
+        let reply = encode(RTM_GETDCB, cmd::IEEE_GET, 3, &a);
+        let st = parse_get_reply(&reply).unwrap();
+        assert_eq!(st.dcbx, Some(0x09));
+        assert_eq!(st.pfc, Some(pfc));
+        assert_eq!(st.apps, [DcbApp::dscp(26, 3)]);
+        assert!(parse_get_reply(&reply[..10]).is_err());
+    }
+
+    #[test]
+    fn netlink_dcb_sends_through_the_transport_and_maps_errors() {
+        let mut t = RecordingTransport::default();
+        t.replies
+            .push_back(Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)));
+        let dcb = NetlinkDcb::new(t);
+        let e = dcb.set_dcbx("ens1f0", 9).unwrap_err();
+        assert!(e.to_string().contains("SDCBX on ens1f0"), "{e}");
+        dcb.set_pfc("ens1f0", &IeeePfc::default()).unwrap();
+        let t = dcb.into_transport().unwrap();
+        assert_eq!(t.sent.len(), 2);
+        assert_eq!(t.sent[0], encode_set_dcbx("ens1f0", 9, 1));
+        assert_eq!(t.sent[1], encode_set_pfc("ens1f0", &IeeePfc::default(), 2));
+    }
+
+    /// The real socket against this kernel: a netdev that does not exist
+    /// must come back ENODEV (the kernel found and read our IFNAME), and
+    /// `lo`, which has no dcbnl ops, EOPNOTSUPP.
+    #[test]
+    fn real_socket_kernel_parses_our_request() {
+        let mut t = match SocketTransport::new() {
+            Ok(t) => t,
+            Err(e) => {
+                println!("skipped: no NETLINK_ROUTE socket here: {e}");
+                return;
+            }
+        };
+        let r = t.request(&encode_get("kroce-nodev0", 1));
+        let code = r.as_ref().err().and_then(io::Error::raw_os_error);
+        if code == Some(libc::EOPNOTSUPP) {
+            println!("skipped: kernel built without CONFIG_DCB (RTM_GETDCB unsupported)");
+            return;
+        }
+        assert_eq!(code, Some(libc::ENODEV), "{r:?}");
+        let r = t.request(&encode_get("lo", 2));
+        assert_eq!(
+            r.as_ref().err().and_then(io::Error::raw_os_error),
+            Some(libc::EOPNOTSUPP),
+            "{r:?}"
+        );
+    }
+}

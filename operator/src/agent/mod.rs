@@ -1,0 +1,22 @@
+//! The node agent: applies an `RdmaNodeState` spec to a host (roots given
+//! as values) and reports what it found. Side effects go through narrow
+//! traits ([`VfControl`], [`LinkControl`], [`Dcb`]) and plain file writes
+//! under the given sysfs/procfs/configfs roots; [`run`] is the Kubernetes
+//! loop around it.
+
+pub mod apply;
+pub mod dcb;
+pub mod holders;
+pub mod host_files;
+pub mod links;
+pub mod run;
+pub mod vfs;
+
+pub use apply::{Agent, AgentConfig, ApplyOutcome};
+pub use dcb::Dcb;
+pub use holders::{PodSnapshot, VfHolders};
+pub use links::LinkControl;
+pub use vfs::VfControl;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,214 @@
+//! The agent's Kubernetes loop: watch this node's `RdmaNodeState`, apply it
+//! on change and every `resync` (drift repair), report status through
+//! server-side apply, only when it changed.
+
+use super::apply::{Agent, AgentConfig};
+use super::dcb::{NetlinkDcb, SocketTransport};
+use super::holders::{NETWORK_STATUS_ANNOTATION, PodSnapshot, VfHolders};
+use super::links::RtnetlinkLinks;
+use super::vfs::SysfsVfControl;
+use crate::crd::conditions::stamp_transitions;
+use crate::crd::{RdmaNodeState, RdmaNodeStateStatus};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const AGENT_MANAGER: &str = "kroce-node-agent";
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub node_name: String,
+    pub agent: AgentConfig,
+    pub resync: Duration,
+    pub vf_write_timeout: Duration,
+}
+
+/// Agent metrics: passes, changes made (drift repairs after the first),
+/// failed passes.
+#[derive(Debug, Default, Clone)]
+pub struct AgentMetrics {
+    pub passes: Counter,
+    pub changes: Counter,
+    pub failed: Counter,
+}
+
+impl AgentMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "kroce_agent_passes",
+            "Apply passes run",
+            self.passes.clone(),
+        );
+        r.register(
+            "kroce_agent_changes",
+            "Host changes made (first apply and drift repair)",
+            self.changes.clone(),
+        );
+        r.register(
+            "kroce_agent_failed_passes",
+            "Apply passes that ended Failed",
+            self.failed.clone(),
+        );
+    }
+}
+
+/// Holders when the pod list could not be read: every VF counts as held, so
+/// nothing is pulled from under a pod we cannot see.
+#[derive(Debug)]
+struct Unknown(String);
+
+impl VfHolders for Unknown {
+    fn holders(&self, _vf: &str) -> Vec<String> {
+        vec![format!(
+            "unknown pods (cannot list pods on this node: {})",
+            self.0
+        )]
+    }
+}
+
+async fn holders(pods: &Api<Pod>, node: &str) -> Box<dyn VfHolders> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    match pods.list(&lp).await {
+        Ok(list) => {
+            let live: Vec<(String, String, String)> = list
+                .items
+                .iter()
+                .filter(|p| {
+                    !matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded") | Some("Failed")
+                    )
+                })
+                .filter_map(|p| {
+                    let a = p.annotations().get(NETWORK_STATUS_ANNOTATION)?;
+                    Some((p.namespace().unwrap_or_default(), p.name_any(), a.clone()))
+                })
+                .collect();
+            Box::new(PodSnapshot::from_pods(
+                live.iter()
+                    .map(|(n, p, a)| (n.as_str(), p.as_str(), a.as_str())),
+            ))
+        }
+        Err(e) => Box::new(Unknown(e.to_string())),
+    }
+}
+
+/// Status equality that ignores the sync timestamp.
+fn same_report(a: &RdmaNodeStateStatus, b: &RdmaNodeStateStatus) -> bool {
+    let mut a = a.clone();
+    let mut b = b.clone();
+    a.last_sync_time = None;
+    b.last_sync_time = None;
+    a == b
+}
+
+pub async fn run(client: Client, cfg: RunConfig, metrics: AgentMetrics) -> anyhow::Result<()> {
+    let api: Api<RdmaNodeState> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client.clone());
+    let vfs = Arc::new(SysfsVfControl {
+        root: cfg.agent.root.clone(),
+        timeout: cfg.vf_write_timeout,
+    });
+    let links = Arc::new(RtnetlinkLinks::new()?);
+    let dcb = Arc::new(NetlinkDcb::new(SocketTransport::new()?));
+    let agent_cfg = Arc::new(cfg.agent.clone());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let w = wake.clone();
+    let wc = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
+    let watch_api = api.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher(watch_api, wc).boxed();
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => w.notify_one(),
+                Err(e) => tracing::warn!(error = %e, "watch of RdmaNodeState"),
+            }
+        }
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        let Some(state) = api.get_opt(&cfg.node_name).await? else {
+            tracing::info!(node = %cfg.node_name, "no RdmaNodeState yet (no RdmaNetwork selects this node)");
+            tokio::select! {
+                _ = wake.notified() => continue,
+                _ = tokio::time::sleep(cfg.resync) => continue,
+                _ = term.recv() => return Ok(()),
+            }
+        };
+        let prev = state.status.clone().unwrap_or_default();
+        let holders = holders(&pods, &cfg.node_name).await;
+        let spec = state.spec.clone();
+        let managed = prev.managed_pfs.clone();
+        let (a, v, l, d) = (agent_cfg.clone(), vfs.clone(), links.clone(), dcb.clone());
+        let outcome = tokio::task::spawn_blocking(move || {
+            let agent = Agent {
+                config: &a,
+                vfs: &*v,
+                links: &*l,
+                dcb: &*d,
+            };
+            agent.apply(&spec, &managed, &*holders)
+        })
+        .await?;
+        metrics.passes.inc();
+        metrics.changes.inc_by(outcome.changes.len() as u64);
+        for c in &outcome.changes {
+            tracing::info!(change = %c, "applied");
+        }
+        let mut status = outcome.status;
+        if status.sync_state == crate::crd::SyncState::Failed {
+            metrics.failed.inc();
+        }
+        status.observed_generation = state.metadata.generation;
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        stamp_transitions(&prev.conditions, &mut status.conditions, &now);
+        if !same_report(&prev, &status) {
+            status.last_sync_time = Some(now);
+            let body = serde_json::json!({
+                "apiVersion": "kroce.io/v1alpha1",
+                "kind": "RdmaNodeState",
+                "status": status,
+            });
+            if let Err(e) = api
+                .patch_status(
+                    &cfg.node_name,
+                    &PatchParams::apply(AGENT_MANAGER).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+            {
+                tracing::warn!(error = %e, "cannot report status");
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(cfg.resync) => {}
+            _ = term.recv() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_comparison_ignores_only_the_timestamp() {
+        let a = RdmaNodeStateStatus {
+            last_sync_time: Some("t1".into()),
+            ..Default::default()
+        };
+        let mut b = a.clone();
+        b.last_sync_time = Some("t2".into());
+        assert!(same_report(&a, &b));
+        b.configured_pfs = 1;
+        assert!(!same_report(&a, &b));
+        assert_eq!(Unknown("x".into()).holders("0000:3b:00.2").len(), 1);
+    }
+}

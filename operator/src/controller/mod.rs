@@ -1,0 +1,166 @@
+//! The cluster side, shaped like kube-rs's controller-rs: a [`Context`],
+//! [`reconcile`] per `RdmaNetwork` (with a finalizer), [`error_policy`],
+//! status through server-side apply, events, metrics.
+//!
+//! Every reconcile plans the whole cluster with the pure functions of
+//! [`crate::plan`] (the benchmark shows 1,000 nodes x 4 networks is cheap)
+//! and writes only what differs: node state specs, the device plugin's
+//! ConfigMap, this network's attachment definitions and its status.
+
+pub mod http;
+pub mod metrics;
+mod sync;
+
+#[cfg(test)]
+mod mock;
+#[cfg(test)]
+mod tests;
+
+use crate::crd::RdmaNetwork;
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use metrics::Metrics;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Finalizer on every `RdmaNetwork`: its attachment definitions and VFs go
+/// before the object does.
+pub const FINALIZER: &str = "kroce.io/cleanup";
+/// Field manager of everything the controller applies.
+pub const MANAGER: &str = "kroce-operator";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("cannot encode the device plugin config: {0}")]
+    Yaml(#[from] serde_saphyr::SerializeError),
+    #[error("cannot encode {what}: {source}")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    /// Label for the failures metric.
+    pub fn metric_reason(&self) -> String {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => format!("Api{}", s.code),
+            Error::Kube(_) => "Kube".into(),
+            Error::Finalizer(_) => "Finalizer".into(),
+            Error::Yaml(_) | Error::Json { .. } => "Encode".into(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+#[derive(Clone)]
+pub struct Context {
+    pub client: Client,
+    /// Namespace of the device plugin ConfigMap (the operator's own).
+    pub namespace: String,
+    /// Name of the shared device plugin ConfigMap.
+    pub configmap: String,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("namespace", &self.namespace)
+            .field("configmap", &self.configmap)
+            .finish()
+    }
+}
+
+impl Context {
+    pub fn new(client: Client, namespace: &str, configmap: &str, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            namespace: namespace.to_string(),
+            configmap: configmap.to_string(),
+            metrics,
+        }
+    }
+}
+
+pub async fn reconcile(net: Arc<RdmaNetwork>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.start();
+    let api: Api<RdmaNetwork> = Api::all(ctx.client.clone());
+    tracing::info!(network = %net.name_any(), "reconciling");
+    finalizer(&api, FINALIZER, net, |event| async {
+        match event {
+            Finalizer::Apply(n) => sync::apply(&n, &ctx).await,
+            Finalizer::Cleanup(n) => sync::cleanup(&n, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+pub fn error_policy(net: Arc<RdmaNetwork>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(network = %net.name_any(), %error, "reconcile failed");
+    ctx.metrics.failed(&error.metric_reason());
+    Action::requeue(Duration::from_secs(30))
+}
+
+/// Runs the controller until SIGTERM. Node and node-state changes requeue
+/// every network (any of them may select the node).
+pub async fn run(ctx: Context) -> anyhow::Result<()> {
+    let client = ctx.client.clone();
+    let networks: Api<RdmaNetwork> = Api::all(client.clone());
+    if let Err(e) = networks
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        anyhow::bail!(
+            "cannot list rdmanetworks.kroce.io ({e}); are the CRDs installed (kroce-operator crd | kubectl apply -f -)?"
+        );
+    }
+    let controller = Controller::new(networks, watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)));
+    let store = controller.store();
+    let all = move || {
+        store
+            .state()
+            .iter()
+            .map(|n| ObjectRef::from_obj(&**n))
+            .collect::<Vec<_>>()
+    };
+    let all2 = all.clone();
+    controller
+        .watches(
+            Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            move |_| all(),
+        )
+        .watches(
+            Api::<crate::crd::RdmaNodeState>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            move |_| all2(),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, Arc::new(ctx))
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "controller stream");
+            }
+        })
+        .await;
+    Ok(())
+}

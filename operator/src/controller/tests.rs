@@ -1,0 +1,411 @@
+//! Reconcile scenarios against the in-memory API server.
+
+use super::mock::ApiServer;
+use super::{Context, FINALIZER, error_policy, reconcile};
+use crate::controller::metrics::Metrics;
+use crate::crd::{RdmaNetwork, RdmaNodeState};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const KROCE: &str = "/apis/kroce.io/v1alpha1";
+const CORE: &str = "/api/v1";
+const NADS: &str = "/apis/k8s.cni.cncf.io/v1";
+
+fn node(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+}
+
+fn inventory() -> Value {
+    json!([
+        {"pciAddress": "0000:3b:00.0", "ifName": "ens1f0", "vendor": "15b3", "deviceID": "101d",
+         "totalVfs": 127, "numVfs": 0, "numaNode": 0},
+        {"pciAddress": "0000:86:00.0", "ifName": "ens2f0", "vendor": "15b3", "deviceID": "101d",
+         "totalVfs": 127, "numVfs": 0, "numaNode": 1}
+    ])
+}
+
+fn node_state_with_inventory(name: &str) -> Value {
+    json!({
+        "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
+        "metadata": {"name": name},
+        "spec": {"nodeName": name, "pfs": []},
+        "status": {"pfs": inventory(), "syncState": "Pending"}
+    })
+}
+
+fn network(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+fn setup() -> (Arc<Context>, ApiServer) {
+    let (client, server) = ApiServer::start();
+    let ctx = Context::new(
+        client,
+        "kroce-system",
+        "kroce-device-plugin",
+        Arc::new(Metrics::default()),
+    );
+    (Arc::new(ctx), server)
+}
+
+async fn reconcile_named(ctx: &Arc<Context>, server: &ApiServer, name: &str) {
+    let v = server
+        .get(KROCE, "rdmanetworks", "", name)
+        .unwrap_or_else(|| panic!("no network {name}"));
+    let net: RdmaNetwork = serde_json::from_value(v).unwrap();
+    reconcile(Arc::new(net), ctx.clone()).await.unwrap();
+}
+
+/// First pass adds the finalizer, the second applies (as the watch would).
+async fn reconcile_twice(ctx: &Arc<Context>, server: &ApiServer, name: &str) {
+    reconcile_named(ctx, server, name).await;
+    reconcile_named(ctx, server, name).await;
+}
+
+fn fast_and_bulk(server: &ApiServer) {
+    server.insert(CORE, "nodes", node("n1", json!({"rdma": "yes"})));
+    server.insert(CORE, "nodes", node("n2", json!({"rdma": "yes"})));
+    server.insert(CORE, "nodes", node("n3", json!({})));
+    server.insert(KROCE, "rdmanodestates", node_state_with_inventory("n1"));
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "fast",
+            json!({
+                "nodeSelector": {"rdma": "yes"},
+                "nicSelector": {"pfNames": ["ens1f0#0-3"]},
+                "numVfs": 8, "resourceName": "vf", "mtu": 9000, "vlan": 100,
+                "memlock": "unlimited",
+                "ipam": {"type": "host-local", "subnet": "10.56.0.0/24"},
+                "networkNamespaces": ["team-a", "team-b"]
+            }),
+        ),
+    );
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "bulk",
+            json!({
+                "nodeSelector": {"rdma": "yes"},
+                "nicSelector": {"pfNames": ["ens1f0#4-7"]},
+                "numVfs": 8, "networkNamespaces": ["team-a"]
+            }),
+        ),
+    );
+}
+
+fn state(server: &ApiServer, name: &str) -> Option<RdmaNodeState> {
+    server
+        .get(KROCE, "rdmanodestates", "", name)
+        .map(|v| serde_json::from_value(v).unwrap())
+}
+
+fn net_status(server: &ApiServer, name: &str) -> Value {
+    server.get(KROCE, "rdmanetworks", "", name).unwrap()["status"].clone()
+}
+
+fn condition(status: &Value, t: &str) -> Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == t)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {t} in {status}"))
+}
+
+#[tokio::test]
+async fn creates_node_states_attachment_definitions_and_device_plugin_config() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    reconcile_twice(&ctx, &server, "fast").await;
+
+    let net = server.get(KROCE, "rdmanetworks", "", "fast").unwrap();
+    assert_eq!(net["metadata"]["finalizers"], json!([FINALIZER]));
+
+    // n1: both networks merged on ens1f0 with disjoint ranges, owned by its Node.
+    let n1 = state(&server, "n1").unwrap();
+    assert_eq!(n1.spec.pfs.len(), 1);
+    let pf = &n1.spec.pfs[0];
+    assert_eq!(
+        (pf.pci_address.as_str(), pf.num_vfs, pf.mtu),
+        ("0000:3b:00.0", 8, Some(9000))
+    );
+    let groups: Vec<(&str, &str, &str)> = pf
+        .vf_groups
+        .iter()
+        .map(|g| {
+            (
+                g.network.as_str(),
+                g.resource_name.as_str(),
+                g.vf_range.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        [("bulk", "rdma/bulk", "4-7"), ("fast", "rdma/vf", "0-3")]
+    );
+    let owner = &n1.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", "n1"));
+    assert!(owner.uid.starts_with("uid-n1"));
+    // n2 has no inventory yet: an empty state for its agent to report into.
+    assert!(state(&server, "n2").unwrap().spec.pfs.is_empty());
+    // n3 is selected by nothing.
+    assert!(state(&server, "n3").is_none());
+
+    // The device plugin's pools for n1, none yet for n2.
+    let cm = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap();
+    let yaml = cm["data"]["n1.yaml"].as_str().unwrap();
+    let cfg: crate::plan::DevicePluginConfig = serde_saphyr::from_str(yaml).unwrap();
+    let pools: Vec<(&str, Vec<&str>, Option<&str>)> = cfg
+        .pools
+        .iter()
+        .map(|p| {
+            (
+                p.resource_name.as_str(),
+                p.selectors.pf_names.iter().map(String::as_str).collect(),
+                p.memlock.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            ("rdma/bulk", vec!["ens1f0#4-7"], None),
+            ("rdma/vf", vec!["ens1f0#0-3"], Some("unlimited"))
+        ]
+    );
+    assert!(cm["data"].get("n2.yaml").is_none());
+
+    // Attachment definitions in both namespaces (bulk's come with its own reconcile).
+    for ns in ["team-a", "team-b"] {
+        let nad = server
+            .get(NADS, "network-attachment-definitions", ns, "fast")
+            .unwrap_or_else(|| panic!("no NAD in {ns}"));
+        assert_eq!(
+            nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"],
+            "rdma/vf"
+        );
+        let cfg: Value = serde_json::from_str(nad["spec"]["config"].as_str().unwrap()).unwrap();
+        assert_eq!(cfg["type"], "kroce-cni");
+        assert_eq!(cfg["vlan"], 100);
+        assert_eq!(cfg["mtu"], 9000);
+        assert_eq!(cfg["ipam"]["type"], "host-local");
+    }
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "bulk")
+            .is_none()
+    );
+
+    // Status: one matched node, not ready yet.
+    let st = net_status(&server, "fast");
+    assert_eq!(st["matchedNodes"], 1);
+    assert_eq!(st["readyNodes"], 0);
+    assert_eq!(condition(&st, "Progressing")["status"], "True");
+    assert_eq!(condition(&st, "Degraded")["status"], "False");
+    assert_eq!(condition(&st, "Ready")["status"], "False");
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("POST /apis/events.k8s.io/v1/namespaces/default/events")),
+        "no event published: {:?}",
+        server.requests()
+    );
+
+    // The agent reports n1 applied: the network becomes Ready.
+    server.edit(KROCE, "rdmanodestates", "", "n1", |o| {
+        let generation = o["metadata"]["generation"].clone();
+        o["status"]["observedGeneration"] = generation;
+        o["status"]["syncState"] = "Succeeded".into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+    let st = net_status(&server, "fast");
+    assert_eq!(st["readyNodes"], 1);
+    assert_eq!(condition(&st, "Ready")["status"], "True");
+    assert_eq!(condition(&st, "Progressing")["status"], "False");
+
+    // A quiet reconcile writes nothing.
+    let before = server.requests().len();
+    reconcile_named(&ctx, &server, "fast").await;
+    let writes: Vec<String> = server.requests()[before..]
+        .iter()
+        .filter(|r| !r.starts_with("GET"))
+        .cloned()
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+}
+
+#[tokio::test]
+async fn conflict_keeps_last_good_state_and_degrades_both_networks() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    reconcile_twice(&ctx, &server, "fast").await;
+    let good = state(&server, "n1").unwrap().spec;
+    let cm_before = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap()["data"]["n1.yaml"]
+        .clone();
+    // "wide" claims ens1f0 with a different VF count.
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "wide",
+            json!({"nodeSelector": {"rdma": "yes"}, "nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 16}),
+        ),
+    );
+    reconcile_twice(&ctx, &server, "wide").await;
+    assert_eq!(
+        state(&server, "n1").unwrap().spec,
+        good,
+        "n1 keeps its last good state"
+    );
+    let cm_after = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap()["data"]["n1.yaml"]
+        .clone();
+    assert_eq!(cm_after, cm_before);
+    let d = condition(&net_status(&server, "wide"), "Degraded");
+    assert_eq!(d["status"], "True");
+    assert_eq!(d["reason"], "Conflict");
+    let msg = d["message"].as_str().unwrap();
+    assert!(msg.contains("wide") && msg.contains("8 vs 16"), "{msg}");
+    assert!(msg.contains("bulk") || msg.contains("fast"), "{msg}");
+    // The other side learns on its own reconcile.
+    reconcile_named(&ctx, &server, "fast").await;
+    let d = condition(&net_status(&server, "fast"), "Degraded");
+    assert_eq!(d["status"], "True");
+    assert!(d["message"].as_str().unwrap().contains("wide"));
+    assert_eq!(ctx.metrics.conflicts.get(), 1);
+    // Removing the conflicting network frees the node again.
+    server.edit(KROCE, "rdmanetworks", "", "wide", |o| {
+        o["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z".into();
+    });
+    reconcile_named(&ctx, &server, "wide").await;
+    assert!(server.get(KROCE, "rdmanetworks", "", "wide").is_none());
+    reconcile_named(&ctx, &server, "fast").await;
+    assert_eq!(
+        condition(&net_status(&server, "fast"), "Degraded")["status"],
+        "False"
+    );
+}
+
+#[tokio::test]
+async fn deletion_removes_attachment_definitions_and_vf_groups_then_the_finalizer() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    reconcile_twice(&ctx, &server, "fast").await;
+    reconcile_twice(&ctx, &server, "bulk").await;
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "bulk")
+            .is_some()
+    );
+    // kubectl delete: the API server only marks it while the finalizer is there.
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z".into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+    for ns in ["team-a", "team-b"] {
+        assert!(
+            server
+                .get(NADS, "network-attachment-definitions", ns, "fast")
+                .is_none(),
+            "{ns}"
+        );
+    }
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "bulk")
+            .is_some()
+    );
+    let n1 = state(&server, "n1").unwrap();
+    let groups: Vec<&str> = n1.spec.pfs[0]
+        .vf_groups
+        .iter()
+        .map(|g| g.network.as_str())
+        .collect();
+    assert_eq!(groups, ["bulk"]);
+    let cm = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap();
+    assert!(!cm["data"]["n1.yaml"].as_str().unwrap().contains("rdma/vf"));
+    assert!(
+        server.get(KROCE, "rdmanetworks", "", "fast").is_none(),
+        "finalizer removed, object gone"
+    );
+    // A second cleanup of state already gone does not fail.
+    let gone: RdmaNetwork = serde_json::from_value(network(
+        "fast",
+        json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 8, "networkNamespaces": ["team-a"]}),
+    ))
+    .unwrap();
+    let mut gone = gone;
+    gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    ));
+    gone.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let r = super::sync::cleanup(&gone, &ctx).await;
+    assert!(r.is_ok(), "{r:?}");
+}
+
+#[tokio::test]
+async fn invalid_spec_is_degraded_naming_the_field_and_creates_nothing() {
+    let (ctx, server) = setup();
+    server.insert(CORE, "nodes", node("n1", json!({})));
+    server.insert(KROCE, "rdmanodestates", node_state_with_inventory("n1"));
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "odd",
+            json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 8, "vlanQoS": 3,
+                   "networkNamespaces": ["team-a"]}),
+        ),
+    );
+    reconcile_twice(&ctx, &server, "odd").await;
+    let d = condition(&net_status(&server, "odd"), "Degraded");
+    assert_eq!(d["reason"], "InvalidSpec");
+    assert!(
+        d["message"].as_str().unwrap().contains("spec.vlanQoS"),
+        "{d}"
+    );
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "odd")
+            .is_none()
+    );
+    assert!(state(&server, "n1").unwrap().spec.pfs.is_empty());
+}
+
+#[tokio::test]
+async fn api_errors_go_through_error_policy_and_count_by_reason() {
+    let (ctx, server) = setup();
+    // The network is not in the store: the finalizer patch gets a 404.
+    let net: RdmaNetwork = serde_json::from_value(network(
+        "ghost",
+        json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 8}),
+    ))
+    .unwrap();
+    let net = Arc::new(net);
+    let err = reconcile(net.clone(), ctx.clone()).await.unwrap_err();
+    let _ = error_policy(net, &err, ctx.clone());
+    let mut reg = prometheus_client::registry::Registry::default();
+    ctx.metrics.register(&mut reg);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+    assert!(
+        out.contains("kroce_reconcile_failures_total{reason=\"Finalizer\"} 1"),
+        "{out}"
+    );
+    assert!(out.contains("kroce_reconciles_total 1"), "{out}");
+    drop(server);
+}

@@ -1,0 +1,97 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The compiled binary: `crd` prints the committed CRDs, `apply` configures
+//! a fixture host from a spec file without Kubernetes.
+
+use sriov_helpers::fixture::FixtureHost;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kroce-operator"))
+}
+
+#[test]
+fn crd_subcommand_prints_the_committed_yaml() {
+    let out = bin().arg("crd").output().unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../charts/kroce/crds/kroce.io_crds.yaml"),
+    )
+    .unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), committed);
+}
+
+#[test]
+fn apply_pins_irqs_on_a_fixture_host_and_reports_json() {
+    let host = FixtureHost::connectx6dx_pair().unwrap();
+    let spec = host.path().join("state.yaml");
+    std::fs::write(
+        &spec,
+        "spec:\n  nodeName: n1\n  pfs:\n  - pciAddress: \"0000:86:00.0\"\n    ifName: ens2f0\n    numVfs: 8\n    irqAffinity:\n      reservedCpus: \"16-17\"\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["apply", "--spec-file"])
+        .arg(&spec)
+        .arg("--host-root")
+        .arg(host.path())
+        .arg("--configfs")
+        .arg(host.path().join("configfs"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{stderr}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["syncState"], "Succeeded");
+    assert_eq!(status["configuredPfs"], 1);
+    let placed = status["irqPlacement"].as_array().unwrap();
+    assert!(!placed.is_empty());
+    for p in placed {
+        let cpu: u32 = p["cpus"].as_str().unwrap().parse().unwrap();
+        assert!((18..=31).contains(&cpu), "{p}");
+        let file = host
+            .path()
+            .join(format!("proc/irq/{}/smp_affinity_list", p["irq"]));
+        assert_eq!(
+            std::fs::read_to_string(file).unwrap().trim(),
+            cpu.to_string()
+        );
+    }
+    assert!(stderr.contains("changed: IRQ"), "{stderr}");
+}
+
+#[test]
+fn apply_with_a_bad_spec_exits_2_and_names_the_field() {
+    let host = FixtureHost::connectx6dx_pair().unwrap();
+    let spec = host.path().join("state.yaml");
+    std::fs::write(
+        &spec,
+        "nodeName: n1\npfs:\n- pciAddress: \"0000:99:00.0\"\n  ifName: x\n  numVfs: 4\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["apply", "--spec-file"])
+        .arg(&spec)
+        .arg("--host-root")
+        .arg(host.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        status["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("spec.pfs[0].pciAddress"),
+        "{status}"
+    );
+    // Nothing was written.
+    let numvfs = host
+        .path()
+        .join("sys/bus/pci/devices/0000:3b:00.0/sriov_numvfs");
+    assert_eq!(std::fs::read_to_string(numvfs).unwrap().trim(), "8");
+}
