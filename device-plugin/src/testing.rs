@@ -1,0 +1,372 @@
+//! A kubelet stand-in for tests, the demo and the benches (feature
+//! `testing`). Like the kubelet's device manager it serves `Registration` on
+//! `<dir>/kubelet.sock`; on each registration it dials the plugin's socket,
+//! asks for its options and follows its ListAndWatch stream, keeping the
+//! latest device list per resource. A restart removes every file in the
+//! directory (as the kubelet does) and serves again.
+//!
+//! Also [`scratch_dir`], a temp dir on tmpfs when there is one: fixture
+//! hosts are thousands of small files, and a busy disk makes tests crawl.
+
+use crate::api::{
+    self, device_plugin_client::DevicePluginClient, registration_server::Registration,
+    registration_server::RegistrationServer,
+};
+use crate::uds;
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// What the stand-in knows about one registered resource.
+#[derive(Debug, Clone, Default)]
+pub struct PluginView {
+    pub endpoint: String,
+    pub options: Option<api::DevicePluginOptions>,
+    /// The latest ListAndWatch list; `None` until the first one arrives.
+    pub devices: Option<Vec<api::Device>>,
+    /// ListAndWatch messages received on the current stream.
+    pub updates: usize,
+    /// The stream ended (plugin stopped serving).
+    pub stream_ended: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    registrations: Vec<api::RegisterRequest>,
+    plugins: BTreeMap<String, PluginView>,
+    followers: BTreeMap<String, JoinHandle<()>>,
+    channels: BTreeMap<String, Channel>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Bumped on every change, for the `wait_*` helpers.
+    changed: watch::Sender<u64>,
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RegistrationService(Arc<Inner>);
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn register(
+        &self,
+        request: Request<api::RegisterRequest>,
+    ) -> Result<Response<api::Empty>, Status> {
+        let req = request.into_inner();
+        if req.version != api::VERSION {
+            return Err(Status::invalid_argument(format!(
+                "unsupported version {:?}",
+                req.version
+            )));
+        }
+        if req.endpoint.contains('/') || req.resource_name.is_empty() {
+            return Err(Status::invalid_argument("bad endpoint or resource name"));
+        }
+        let inner = self.0.clone();
+        let resource = req.resource_name.clone();
+        let endpoint = req.endpoint.clone();
+        {
+            let mut st = inner.state();
+            st.registrations.push(req);
+            if let Some(old) = st.followers.remove(&resource) {
+                old.abort();
+            }
+            st.plugins.insert(
+                resource.clone(),
+                PluginView {
+                    endpoint: endpoint.clone(),
+                    ..Default::default()
+                },
+            );
+        }
+        // Like the kubelet: answer first, then dial the plugin.
+        let follower = tokio::spawn(follow(inner.clone(), resource.clone(), endpoint));
+        inner.state().followers.insert(resource, follower);
+        inner.bump();
+        Ok(Response::new(api::Empty {}))
+    }
+}
+
+async fn follow(inner: Arc<Inner>, resource: String, endpoint: String) {
+    let path = inner.dir.join(&endpoint);
+    let channel = match uds::connect(&path).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%resource, error = %e, "stand-in: cannot dial plugin");
+            return;
+        }
+    };
+    inner
+        .state()
+        .channels
+        .insert(resource.clone(), channel.clone());
+    let mut client = DevicePluginClient::new(channel);
+    let options = client
+        .get_device_plugin_options(api::Empty {})
+        .await
+        .map(Response::into_inner)
+        .ok();
+    let update = |f: &dyn Fn(&mut PluginView)| {
+        if let Some(p) = inner.state().plugins.get_mut(&resource) {
+            f(p);
+        }
+        inner.bump();
+    };
+    update(&|p| p.options = options);
+    let mut stream = match client.list_and_watch(api::Empty {}).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            tracing::warn!(%resource, error = %e, "stand-in: ListAndWatch failed");
+            update(&|p| p.stream_ended = true);
+            return;
+        }
+    };
+    while let Some(msg) = stream.next().await {
+        match msg {
+            Ok(m) => update(&|p| {
+                p.devices = Some(m.devices.clone());
+                p.updates += 1;
+            }),
+            Err(_) => break,
+        }
+    }
+    update(&|p| p.stream_ended = true);
+}
+
+/// The kubelet stand-in. Drop or [`KubeletStandIn::stop`] ends it.
+#[derive(Debug)]
+pub struct KubeletStandIn {
+    inner: Arc<Inner>,
+    server: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+}
+
+impl KubeletStandIn {
+    /// Serves `Registration` on `<dir>/kubelet.sock`.
+    pub async fn start(dir: &Path) -> Result<KubeletStandIn, uds::UdsError> {
+        let (changed, _) = watch::channel(0);
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(State::default()),
+            changed,
+        });
+        let mut k = KubeletStandIn {
+            inner,
+            server: None,
+        };
+        k.serve()?;
+        Ok(k)
+    }
+
+    fn serve(&mut self) -> Result<(), uds::UdsError> {
+        let (listener, _) = uds::bind(&self.inner.dir.join(api::KUBELET_SOCKET))?;
+        let (stop, mut stop_rx) = watch::channel(false);
+        let svc = RegistrationServer::new(RegistrationService(self.inner.clone()));
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+        self.server = Some((stop, task));
+        Ok(())
+    }
+
+    async fn stop_serving(&mut self) {
+        if let Some((stop, task)) = self.server.take() {
+            let _ = stop.send(true);
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        let mut st = self.inner.state();
+        for (_, f) in std::mem::take(&mut st.followers) {
+            f.abort();
+        }
+        st.channels.clear();
+        st.plugins.clear();
+    }
+
+    /// A kubelet restart: drop every plugin connection, delete every file
+    /// in the directory but the checkpoint, and serve again.
+    pub async fn restart(&mut self) -> Result<(), uds::UdsError> {
+        self.stop_serving().await;
+        if let Ok(rd) = std::fs::read_dir(&self.inner.dir) {
+            for e in rd.flatten() {
+                if e.file_name() != crate::kubelet_checkpoint::FILE_NAME {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        self.inner.bump();
+        self.serve()
+    }
+
+    /// A restart that leaves plugin sockets in place (only `kubelet.sock`
+    /// is re-created): plugins must notice the new kubelet by itself.
+    pub async fn restart_keeping_plugin_sockets(&mut self) -> Result<(), uds::UdsError> {
+        self.stop_serving().await;
+        let _ = std::fs::remove_file(self.inner.dir.join(api::KUBELET_SOCKET));
+        self.inner.bump();
+        self.serve()
+    }
+
+    pub async fn stop(mut self) {
+        self.stop_serving().await;
+        let _ = std::fs::remove_file(self.inner.dir.join(api::KUBELET_SOCKET));
+    }
+
+    pub fn registrations(&self) -> Vec<api::RegisterRequest> {
+        self.inner.state().registrations.clone()
+    }
+
+    pub fn plugin(&self, resource: &str) -> Option<PluginView> {
+        self.inner.state().plugins.get(resource).cloned()
+    }
+
+    /// A client on the plugin's socket, as the kubelet uses it for Allocate.
+    pub fn client(&self, resource: &str) -> Option<DevicePluginClient<Channel>> {
+        self.inner
+            .state()
+            .channels
+            .get(resource)
+            .cloned()
+            .map(DevicePluginClient::new)
+    }
+
+    /// Waits until `check` returns `Some`, re-checking on every change and
+    /// every 50 ms (for conditions outside the stand-in, like files). The
+    /// error describes the last state seen.
+    pub async fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&KubeletStandIn) -> Option<T>,
+    ) -> Result<T, String> {
+        let mut rx = self.inner.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(v) = check(self) {
+                return Ok(v);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let st = self.inner.state();
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for {what}; registrations: {:?}; plugins: {:?}",
+                    st.registrations
+                        .iter()
+                        .map(|r| &r.resource_name)
+                        .collect::<Vec<_>>(),
+                    st.plugins
+                ));
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
+        }
+    }
+
+    /// Waits for the `n`-th registration of `resource` (1-based).
+    pub async fn wait_registered(
+        &self,
+        resource: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<api::RegisterRequest, String> {
+        self.wait_for(timeout, &format!("registration #{n} of {resource}"), |k| {
+            k.registrations()
+                .into_iter()
+                .filter(|r| r.resource_name == resource)
+                .nth(n - 1)
+        })
+        .await
+    }
+
+    /// Waits until the latest device list of `resource` satisfies `pred`.
+    pub async fn wait_devices(
+        &self,
+        resource: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&[api::Device]) -> bool,
+    ) -> Result<Vec<api::Device>, String> {
+        self.wait_for(timeout, what, |k| {
+            k.plugin(resource)
+                .and_then(|p| p.devices)
+                .filter(|d| pred(d))
+        })
+        .await
+    }
+}
+
+impl Drop for KubeletStandIn {
+    fn drop(&mut self) {
+        if let Some((stop, task)) = self.server.take() {
+            let _ = stop.send(true);
+            task.abort();
+        }
+        for (_, f) in std::mem::take(&mut self.inner.state().followers) {
+            f.abort();
+        }
+    }
+}
+
+/// The health of one device in a list (`None` when absent).
+pub fn health_of<'a>(devices: &'a [api::Device], id: &str) -> Option<&'a str> {
+    devices
+        .iter()
+        .find(|d| d.id == id)
+        .map(|d| d.health.as_str())
+}
+
+/// A temp dir under `/dev/shm` when it is usable, else the default temp dir.
+/// Removed on drop.
+pub fn scratch_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    let on_shm = if shm.is_dir() {
+        tempfile::Builder::new().prefix(prefix).tempdir_in(shm).ok()
+    } else {
+        None
+    };
+    match on_shm {
+        Some(d) => Ok(d),
+        None => tempfile::Builder::new().prefix(prefix).tempdir(),
+    }
+}
+
+/// The two-port ConnectX-6 Dx host of [`FixtureHost::connectx6dx_pair`]
+/// in a [`scratch_dir`]; keep the dir alive as long as the host.
+///
+/// [`FixtureHost::connectx6dx_pair`]: sriov_helpers::fixture::FixtureHost::connectx6dx_pair
+#[cfg(test)]
+pub fn connectx_pair() -> (tempfile::TempDir, sriov_helpers::fixture::FixtureHost) {
+    let dir = scratch_dir("kroce-host-").unwrap();
+    let mut fx = sriov_helpers::fixture::FixtureHost::at(dir.path()).unwrap();
+    fx.populate_connectx6dx_pair().unwrap();
+    (dir, fx)
+}
