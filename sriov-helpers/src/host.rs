@@ -5,7 +5,9 @@
 use crate::error::HostError;
 use crate::netdev::{Netdev, list_netdevs, read_netdev};
 use crate::numa::{NumaNode, read_numa_nodes};
-use crate::pci::{PciAddress, PciDevice, list_pci_addresses, read_pci_device};
+use crate::pci::{
+    PciAddress, PciDevice, list_pci_addresses, read_pci_device, read_pci_device_with,
+};
 use crate::rdma::{CharDeviceIndex, RdmaDevice, list_rdma_devices, read_rdma_device};
 use crate::root::HostRoot;
 use std::collections::BTreeMap;
@@ -47,7 +49,7 @@ impl Host {
         match list_pci_addresses(root) {
             Ok(addrs) => {
                 for addr in addrs {
-                    match read_pci_device(root, addr) {
+                    match read_pci_device_with(root, addr, false) {
                         Ok(dev) => {
                             if !opts.network_only || is_network_class(dev.class) {
                                 host.pci.insert(addr, dev);
@@ -59,6 +61,7 @@ impl Host {
             }
             Err(e) => host.errors.push(e),
         }
+        host.fill_vf_indices(root);
         match list_netdevs(root) {
             Ok(names) => {
                 for name in names {
@@ -92,6 +95,32 @@ impl Host {
         host.numa = numa;
         host.errors.extend(numa_errors);
         host
+    }
+
+    /// VF indices from each PF's `virtfnN` list; a VF whose PF was not read
+    /// (broken, or filtered out) falls back to searching the PF directory.
+    fn fill_vf_indices(&mut self, root: &HostRoot) {
+        let mut index_of = BTreeMap::new();
+        for pf in self.pci.values() {
+            if let Some(sriov) = &pf.sriov {
+                for (idx, vf) in &sriov.vfs {
+                    index_of.insert(*vf, (pf.address, *idx));
+                }
+            }
+        }
+        for dev in self.pci.values_mut() {
+            let Some(of) = dev.physfn.as_mut() else {
+                continue;
+            };
+            match index_of.get(&dev.address) {
+                Some((pf, idx)) if *pf == of.pf => of.index = Some(*idx),
+                _ => {
+                    if let Ok(full) = read_pci_device(root, dev.address) {
+                        of.index = full.physfn.and_then(|p| p.index);
+                    }
+                }
+            }
+        }
     }
 
     pub fn pfs(&self) -> impl Iterator<Item = &PciDevice> {

@@ -166,6 +166,17 @@ fn dev_dir(root: &HostRoot, addr: &PciAddress) -> PathBuf {
 
 /// Reads one PCI function. Errors name the file that was missing or wrong.
 pub fn read_pci_device(root: &HostRoot, addr: PciAddress) -> Result<PciDevice, HostError> {
+    read_pci_device_with(root, addr, true)
+}
+
+/// As [`read_pci_device`]; with `resolve_vf_index` false a VF's index is left
+/// `None` for the caller to fill from its PF's `virtfnN` list (a whole-host
+/// scan does that once per PF instead of once per VF, which is quadratic).
+pub(crate) fn read_pci_device_with(
+    root: &HostRoot,
+    addr: PciAddress,
+    resolve_vf_index: bool,
+) -> Result<PciDevice, HostError> {
     let dir = dev_dir(root, &addr);
     if std::fs::symlink_metadata(&dir).is_err() {
         return Err(HostError::NotFound {
@@ -191,7 +202,7 @@ pub fn read_pci_device(root: &HostRoot, addr: PciAddress) -> Result<PciDevice, H
         })?),
     };
     let sriov = read_sriov_pf(&dir)?;
-    let physfn = read_physfn(root, &dir, addr)?;
+    let physfn = read_physfn(root, &dir, addr, resolve_vf_index)?;
     let netdevs = dir_names(&dir.join("net"))?;
     let rdma_devices = dir_names(&dir.join("infiniband"))?;
     let msi_irqs = {
@@ -270,6 +281,7 @@ fn read_physfn(
     root: &HostRoot,
     dir: &std::path::Path,
     addr: PciAddress,
+    resolve_index: bool,
 ) -> Result<Option<VfOf>, HostError> {
     let link = dir.join("physfn");
     let Some(target) = link_name(&link)? else {
@@ -280,6 +292,9 @@ fn read_physfn(
         what: "physfn target",
         value: target.clone(),
     })?;
+    if !resolve_index {
+        return Ok(Some(VfOf { pf, index: None }));
+    }
     // The VF index is whichever `virtfnN` of the PF points back at us.
     let pf_dir = dev_dir(root, &pf);
     let mut index = None;
