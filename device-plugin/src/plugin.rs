@@ -75,7 +75,18 @@ pub enum RunError {
 /// sockets, CDI specs and device-info files it created. Fails only at start
 /// (bad initial config, unwatchable directories).
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
-    let (config_text, config) = config::load(&opts.config_path)?;
+    // The operator writes this node's config only once an RdmaNetwork selects
+    // the node; until then serve no pools and wait for the file to appear.
+    let (config_text, config) = match config::load(&opts.config_path) {
+        Ok(loaded) => loaded,
+        Err(ConfigError::Read { path, source })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            tracing::warn!(path = %path.display(), "no config yet; serving no pools until it appears");
+            (String::new(), Config { pools: Vec::new() })
+        }
+        Err(e) => return Err(e.into()),
+    };
     files::ensure_dir(&opts.kubelet_dir)?;
     let config_dir = match opts.config_path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

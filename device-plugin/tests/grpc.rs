@@ -571,3 +571,22 @@ async fn second_instance_takes_over_without_a_fight() {
         .unwrap();
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_config_waits_for_the_operator_to_write_it() {
+    // The chart mounts an optional ConfigMap: before any RdmaNetwork selects
+    // this node the directory exists but the node's file does not.
+    let mut h = Harness::prepare(VF_CONFIG, false);
+    std::fs::remove_dir_all(h.config_dir()).unwrap();
+    std::fs::create_dir_all(h.config_dir()).unwrap();
+    h.start_kubelet().await;
+    h.start_plugin();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        h.kubelet().registrations().is_empty(),
+        "no pool may be advertised without a config"
+    );
+    h.write_config(VF_CONFIG);
+    ready(&h, VF, 16).await;
+    h.shutdown().await;
+}
