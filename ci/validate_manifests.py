@@ -65,6 +65,11 @@ def strip_k8s_extensions(schema):
                 out[k] = strip_k8s_extensions(v)
         if "anyOf" in out:
             out.pop("type", None)
+        # kubectl's strict field validation rejects unknown fields, except
+        # where the schema preserves them (e.g. opaque IPAM JSON).
+        if ("properties" in out and "additionalProperties" not in out
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
         return [strip_k8s_extensions(x) for x in schema]
@@ -76,7 +81,14 @@ def main() -> int:
     ap.add_argument("--k8s-version", default="1.37.0")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
-    ours = {k: strip_k8s_extensions(v) for k, v in crd_schemas().items()}
+    ours = {}
+    for key, raw in crd_schemas().items():
+        schema = strip_k8s_extensions(raw)
+        props = schema.setdefault("properties", {})
+        for field in ("apiVersion", "kind"):
+            props.setdefault(field, {"type": "string"})
+        props.setdefault("metadata", {"type": "object"})
+        ours[key] = schema
     failures = 0
     count = 0
     for path in args.files:
