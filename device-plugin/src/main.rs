@@ -111,8 +111,11 @@ fn init_logs(cli: &Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|| "info".into());
     let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .with_context(|| format!("bad log level {level:?}"))?;
+    // No colour codes in container logs.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
