@@ -46,6 +46,20 @@ impl PerftestTool {
         }
     }
 
+    /// The tool for a binary name (`ib_write_bw`), as `binary` spells it.
+    pub fn from_binary(name: &str) -> Option<PerftestTool> {
+        [
+            PerftestTool::IbWriteBw,
+            PerftestTool::IbReadBw,
+            PerftestTool::IbSendBw,
+            PerftestTool::IbWriteLat,
+            PerftestTool::IbReadLat,
+            PerftestTool::IbSendLat,
+        ]
+        .into_iter()
+        .find(|t| t.binary() == name)
+    }
+
     pub fn is_bandwidth(self) -> bool {
         matches!(
             self,

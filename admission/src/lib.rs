@@ -7,6 +7,8 @@
 //! - [`thresholds`]: judge measured numbers against a network's thresholds.
 //! - [`lifecycle`]: the admission state machine as one plan function.
 //! - [`doctor`]: RoCE health checks against a host root, as a table or JSON.
+//! - [`pod_run`]: the in-pod runner's arguments, its log, and the verdict
+//!   on a run (the `kroce-perftest-run` binary is its I/O).
 //! - [`counters`]: RDMA/Ethernet counter snapshots, Prometheus text, rates
 //!   and the congestion condition.
 //!
@@ -18,4 +20,5 @@ pub mod counters;
 pub mod doctor;
 pub mod lifecycle;
 pub mod perftest;
+pub mod pod_run;
 pub mod thresholds;

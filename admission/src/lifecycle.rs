@@ -349,7 +349,9 @@ fn run_id(server: &str, client: &str, now: UnixSeconds) -> String {
     )
 }
 
-fn is_ready(phase: &AdmissionPhase) -> bool {
+/// Whether a node in `phase` may take RDMA pods (admitted, or re-tested
+/// while still admitted): what the taint/label follows.
+pub fn is_ready(phase: &AdmissionPhase) -> bool {
     match phase {
         AdmissionPhase::Admitted { .. } => true,
         AdmissionPhase::Testing {

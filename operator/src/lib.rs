@@ -5,4 +5,5 @@
 pub mod agent;
 pub mod controller;
 pub mod crd;
+pub mod doctor;
 pub mod plan;

@@ -73,7 +73,7 @@ enum Cmd {
     Crd,
     /// Run the cluster controller (one per cluster).
     Controller {
-        /// Namespace of the device plugin ConfigMap (the operator's own).
+        /// The operator's own namespace: device plugin ConfigMap and leader Lease.
         #[arg(long, env = "POD_NAMESPACE", default_value = "kroce-system")]
         namespace: String,
         /// Name of the shared device plugin ConfigMap (keys: <node>.yaml).
@@ -82,6 +82,28 @@ enum Cmd {
         /// Address for /metrics and /health.
         #[arg(long, default_value = "0.0.0.0:8080")]
         listen: SocketAddr,
+        /// Reconcile only while holding the Lease (needed with replicas > 1).
+        /// A replica that loses the Lease exits non-zero and restarts.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
+              num_args = 0..=1, default_missing_value = "true")]
+        leader_election: bool,
+        /// Name of the leader Lease (coordination.k8s.io/v1) in --namespace.
+        #[arg(long, default_value = "kroce-operator")]
+        lease_name: String,
+        /// Seconds the Lease lives without renewal; the leader renews every
+        /// 2/15 of it and gives up after 2/3 of it without a renewal.
+        #[arg(long, default_value_t = 15)]
+        lease_duration_seconds: u64,
+        /// This replica's name in the Lease (the pod name, from the downward API).
+        #[arg(long, env = "POD_NAME")]
+        leader_identity: Option<String>,
+        /// When VFs that must go are held by pods: cordon that node (one at a
+        /// time), evict only those pods, uncordon when its VFs are in sync.
+        #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
+              num_args = 0..=1, default_missing_value = "true")]
+        drain_held_vfs: bool,
+        #[command(flatten)]
+        admission: kroce_operator::controller::admission::AdmissionArgs,
     },
     /// Run the node agent (one per node, privileged, host sysfs/procfs).
     NodeAgent {
@@ -99,6 +121,16 @@ enum Cmd {
         /// Address for /metrics and /health.
         #[arg(long, default_value = "0.0.0.0:8081")]
         listen: SocketAddr,
+        #[command(flatten)]
+        checks: kroce_operator::agent::node_checks::NodeCheckArgs,
+    },
+    /// Run the RoCE checks an engineer runs by hand against a host root and
+    /// print a table (or --json); exit 1 when any check fails.
+    Doctor {
+        #[command(flatten)]
+        host: HostArgs,
+        #[command(flatten)]
+        args: kroce_operator::doctor::DoctorArgs,
     },
     /// Apply an RdmaNodeState spec (YAML file) to this host once, without
     /// Kubernetes, and print the resulting status as JSON. Exit 0 when in
@@ -146,6 +178,7 @@ fn main() -> anyhow::Result<()> {
             host,
             managed,
         } => apply_once(&spec_file, &host, &managed),
+        Cmd::Doctor { host, args } => doctor_once(&host, &args),
         cmd => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
@@ -180,14 +213,62 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
     Ok(())
 }
 
+/// `doctor`: the checks, a table or JSON on stdout, exit 1 when any fails.
+fn doctor_once(host: &HostArgs, args: &kroce_operator::doctor::DoctorArgs) -> anyhow::Result<()> {
+    use kroce_admission::doctor::Status;
+    let cfg = args.config(host.agent_config().root, &host.host_root)?;
+    // DCB state over netlink; without a socket, PFC is reported as unknown.
+    let live = kroce_operator::doctor::HostNet {
+        dcb: SocketTransport::new().ok().map(NetlinkDcb::new),
+    };
+    let report = kroce_operator::doctor::run(&cfg, &live)?;
+    if args.json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render_table());
+    }
+    if report.worst() == Status::Fail {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// SIGTERM (kubelet) or Ctrl-C.
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Controller {
             namespace,
             configmap,
             listen,
+            leader_election,
+            lease_name,
+            lease_duration_seconds,
+            leader_identity,
+            drain_held_vfs,
+            admission,
         } => {
             init_tracing();
+            let identity = match (leader_election, leader_identity) {
+                (true, None) => anyhow::bail!(
+                    "--leader-election needs this replica's identity: set POD_NAME from the \
+                     downward API (or --leader-identity), or pass --leader-election=false"
+                ),
+                (_, id) => id.unwrap_or_default(),
+            };
             let client = kube::Client::try_default()
                 .await
                 .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
@@ -196,9 +277,34 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             metrics.register(&mut registry);
             let health = Arc::new(Health::default());
             let server = tokio::spawn(serve(listen, Arc::new(registry), health.clone()));
-            let ctx =
-                kroce_operator::controller::Context::new(client, &namespace, &configmap, metrics);
-            let r = kroce_operator::controller::run(ctx).await;
+            let ctx = kroce_operator::controller::Context::new(
+                client.clone(),
+                &namespace,
+                &configmap,
+                metrics,
+            )
+            .with_admission(admission.settings());
+            // The reconciler and the drain run together, and only while leading.
+            let work = move || async move {
+                let drain = kroce_operator::controller::drain::run(ctx.clone(), drain_held_vfs);
+                tokio::select! {
+                    r = kroce_operator::controller::run(ctx) => r,
+                    r = drain => r,
+                }
+            };
+            let r = if leader_election {
+                use kroce_operator::controller::leader::{LeaderElector, LeaseTimings, lead};
+                let mut elector = LeaderElector::new(
+                    client,
+                    &namespace,
+                    &lease_name,
+                    &identity,
+                    LeaseTimings::for_duration(Duration::from_secs(lease_duration_seconds)),
+                );
+                lead(&mut elector, work, terminated()).await.map(|_| ())
+            } else {
+                work().await
+            };
             health
                 .failed
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -211,6 +317,7 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             resync_seconds,
             vf_write_timeout_seconds,
             listen,
+            checks,
         } => {
             init_tracing();
             let client = kube::Client::try_default()
@@ -220,12 +327,24 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             let mut registry = Registry::default();
             metrics.register(&mut registry);
             let health = Arc::new(Health::default());
-            let server = tokio::spawn(serve(listen, Arc::new(registry), health.clone()));
+            let agent = host.agent_config();
+            let checks = checks.node_checks(&node_name, &agent.root, &host.host_root);
+            // RDMA counters are read from sysfs at each scrape.
+            let counters = checks.counters.clone();
+            let extra: kroce_operator::controller::http::ExtraMetrics =
+                Arc::new(move || counters.metrics_text());
+            let server = tokio::spawn(kroce_operator::controller::http::serve_with(
+                listen,
+                Arc::new(registry),
+                health.clone(),
+                Some(extra),
+            ));
             let cfg = RunConfig {
                 node_name,
-                agent: host.agent_config(),
+                agent,
                 resync: Duration::from_secs(resync_seconds.max(1)),
                 vf_write_timeout: Duration::from_secs(vf_write_timeout_seconds.max(1)),
+                checks: Some(checks),
             };
             let r = kroce_operator::agent::run::run(client, cfg, metrics).await;
             health
@@ -234,6 +353,6 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             server.abort();
             r
         }
-        Cmd::Crd | Cmd::Apply { .. } => Ok(()),
+        Cmd::Crd | Cmd::Apply { .. } | Cmd::Doctor { .. } => Ok(()),
     }
 }

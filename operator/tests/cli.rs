@@ -95,3 +95,46 @@ fn apply_with_a_bad_spec_exits_2_and_names_the_field() {
         .join("sys/bus/pci/devices/0000:3b:00.0/sriov_numvfs");
     assert_eq!(std::fs::read_to_string(numvfs).unwrap().trim(), "8");
 }
+
+#[test]
+fn controller_leader_election_needs_an_identity_and_flags_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-kubeconfig");
+    let run = |args: &[&str]| {
+        let out = bin()
+            .arg("controller")
+            .args(args)
+            .env_remove("POD_NAME")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("KUBECONFIG", &missing)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // On by default: without POD_NAME it refuses before touching the API.
+    let err = run(&[]);
+    assert!(err.contains("POD_NAME"), "{err}");
+    // With an identity, or with election off, it gets as far as the client
+    // configuration (none here): every new flag parsed.
+    for args in [
+        &[
+            "--leader-identity",
+            "pod-a",
+            "--lease-name",
+            "x",
+            "--lease-duration-seconds",
+            "30",
+        ][..],
+        &["--leader-election=false", "--drain-held-vfs"][..],
+        &["--leader-election", "false", "--drain-held-vfs=true"][..],
+    ] {
+        let err = run(args);
+        assert!(
+            err.contains("no Kubernetes client configuration"),
+            "{args:?}: {err}"
+        );
+    }
+    let err = run(&["--drain-held-vfs=maybe", "--leader-election=false"]);
+    assert!(err.contains("maybe"), "{err}");
+}

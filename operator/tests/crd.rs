@@ -45,8 +45,13 @@ fn network_schema_validates_fields() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert!(required.contains(&"numVfs") && required.contains(&"nicSelector"));
-    assert_eq!(num(&props["numVfs"]["minimum"]), 1.0);
+    // numVfs is optional: soft-device networks (ifNames) have none; the CEL
+    // rules (below) require it with PF selectors.
+    assert_eq!(required, ["nicSelector"]);
+    assert_eq!(num(&props["numVfs"]["minimum"]), 0.0);
+    let if_names = &props["nicSelector"]["properties"]["ifNames"];
+    assert_eq!(num(&if_names["items"]["maxLength"]), 15.0);
+    assert!(if_names["items"]["pattern"].is_string());
     assert_eq!(num(&props["vlan"]["maximum"]), 4094.0);
     assert_eq!(num(&props["vlanQoS"]["maximum"]), 7.0);
     assert_eq!(props["ipam"]["x-kubernetes-preserve-unknown-fields"], true);
@@ -116,4 +121,70 @@ fn generated_yaml_parses_back_as_two_crds() {
         .map(|d| d["spec"]["names"]["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["RdmaNetwork", "RdmaNodeState"]);
+}
+
+fn read_yaml(rel: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
+    serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// The RdmaNetwork CRD's `x-kubernetes-validations`, evaluated by a CEL
+/// interpreter with Kubernetes semantics, as the API server would.
+fn cel_errors(obj: &serde_json::Value) -> Vec<String> {
+    let crd = serde_json::to_value(RdmaNetwork::crd()).unwrap();
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    match kube::core::cel::Validator::new().validate(schema, obj, None) {
+        Ok(()) => vec![],
+        Err(e) => e.into_vec().into_iter().map(|e| e.message).collect(),
+    }
+}
+
+fn network(spec: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+                       "metadata": {"name": "n"}, "spec": spec})
+}
+
+#[test]
+fn the_kind_rxe_network_is_valid_in_the_schema_and_the_controller() {
+    let obj = read_yaml("../e2e/kind/rdmanetwork-rxe.yaml");
+    assert_eq!(cel_errors(&obj), Vec::<String>::new());
+    let net: RdmaNetwork = serde_json::from_value(obj).unwrap();
+    assert_eq!(net.spec.nic_selector.if_names, ["kvf0", "kvf1"]);
+    assert_eq!(
+        kroce_operator::plan::validate_network("rxe", &net.spec),
+        Ok(())
+    );
+}
+
+#[test]
+fn cel_rules_reject_what_the_controller_rejects() {
+    let cases = [
+        (
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}}),
+            "numVfs (at least 1) is required",
+        ),
+        (
+            serde_json::json!({"nicSelector": {"vendor": "15b3"}, "numVfs": 0}),
+            "numVfs (at least 1) is required",
+        ),
+        (
+            serde_json::json!({"nicSelector": {"ifNames": ["kvf0"]}, "numVfs": 4}),
+            "numVfs must be unset (or 0) with nicSelector.ifNames",
+        ),
+        (
+            serde_json::json!({"nicSelector": {"ifNames": ["kvf0"], "rootDevices": ["0000:3b:00.0"]}, "numVfs": 4}),
+            "ifNames (soft devices) cannot be combined",
+        ),
+    ];
+    for (spec, want) in cases {
+        let errs = cel_errors(&network(spec.clone()));
+        assert!(
+            errs.iter().any(|e| e.contains(want)),
+            "{spec}: expected {want:?}, got {errs:?}"
+        );
+        let parsed: kroce_operator::crd::RdmaNetworkSpec = serde_json::from_value(spec).unwrap();
+        assert!(kroce_operator::plan::validate_network("n", &parsed).is_err());
+    }
+    let ok = network(serde_json::json!({"nicSelector": {"pfNames": ["ens1f0#0-3"]}, "numVfs": 8}));
+    assert_eq!(cel_errors(&ok), Vec::<String>::new());
 }

@@ -110,7 +110,7 @@ impl MemlockLimit {
 
 /// What sysfs cannot give; each part optional (its check is skipped).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct NetState {
     /// IPv4 addresses per netdev (host network namespace).
     pub ipv4: BTreeMap<String, Vec<Ipv4Addr>>,

@@ -6,10 +6,11 @@ use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, Dcb, DcbApp};
 use super::holders::VfHolders;
 use super::host_files::{ensure_value, irqbalance_running, read_trimmed};
 use super::links::LinkControl;
+use super::soft::check_soft_devices;
 use super::vfs::VfControl;
 use crate::crd::{
-    Condition, IrqPlacement, IrqPolicy, ObservedPf, ObservedQos, ObservedVf, PfConfig,
-    RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState, Trust,
+    Condition, HeldVf, IrqPlacement, IrqPolicy, ObservedPf, ObservedQos, ObservedSoftDevice,
+    ObservedVf, PfConfig, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState, Trust,
 };
 use crate::plan::irq::{IrqDevice, plan_irqs};
 use crate::plan::qos::{ROCE_V2_MODE, dscp_map, ecn_files, plan_qos, rdma_cm_port_dir};
@@ -67,6 +68,9 @@ struct Pass {
     changes: Vec<String>,
     errors: Vec<(String, String)>,
     held: Vec<String>,
+    /// The same, as data for the controller's drain.
+    held_vfs: Vec<HeldVf>,
+    soft: Vec<ObservedSoftDevice>,
     refused_irqs: usize,
     placements: Vec<IrqPlacement>,
     blocked: BTreeSet<PciAddress>,
@@ -122,6 +126,12 @@ impl Agent<'_> {
             }
         }
         let host = Host::scan(root);
+        // Soft devices: nothing to create, only to find.
+        let soft = check_soft_devices(&host, &spec.soft_devices);
+        for (reason, msg) in soft.problems {
+            pass.error(&reason, msg);
+        }
+        pass.soft = soft.observed;
         self.report(spec, &targets, &host, pass)
     }
 
@@ -223,16 +233,26 @@ impl Agent<'_> {
         let mut held = Vec::new();
         for (idx, vf) in &sriov.vfs {
             let pods = holders.holders(&vf.to_string());
-            if !pods.is_empty() {
-                held.push(format!("VF {idx} ({vf}) held by {}", pods.join(", ")));
+            let reason = if !pods.is_empty() {
+                format!("VF {idx} ({vf}) held by {}", pods.join(", "))
             } else if let Some(d) = host.pci.get(vf)
                 && d.driver.is_some()
                 && !d.netdevs.iter().any(|n| host.netdevs.contains_key(n))
             {
-                held.push(format!(
+                format!(
                     "VF {idx} ({vf}) has no netdev in the host namespace (in a pod, or bound to another driver)"
-                ));
-            }
+                )
+            } else {
+                continue;
+            };
+            pass.held_vfs.push(HeldVf {
+                pf: t.addr.to_string(),
+                index: *idx,
+                pci_address: vf.to_string(),
+                pods,
+                reason: reason.clone(),
+            });
+            held.push(reason);
         }
         if !held.is_empty() {
             pass.held.push(format!(
@@ -621,6 +641,8 @@ impl Agent<'_> {
             });
         }
         status.irq_placement = pass.placements;
+        status.soft_devices = pass.soft;
+        status.held_vfs = pass.held_vfs;
         // Still managed: every spec PF, and any reset that did not happen.
         let mut managed: BTreeSet<String> =
             spec.pfs.iter().map(|p| p.pci_address.clone()).collect();

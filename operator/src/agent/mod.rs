@@ -5,11 +5,14 @@
 //! loop around it.
 
 pub mod apply;
+pub mod counters;
 pub mod dcb;
 pub mod holders;
 pub mod host_files;
 pub mod links;
+pub mod node_checks;
 pub mod run;
+pub mod soft;
 pub mod vfs;
 
 pub use apply::{Agent, AgentConfig, ApplyOutcome};

@@ -27,6 +27,8 @@ pub struct RunConfig {
     pub agent: AgentConfig,
     pub resync: Duration,
     pub vf_write_timeout: Duration,
+    /// NRI, doctor and counter conditions added to each report.
+    pub checks: Option<super::node_checks::NodeChecks>,
 }
 
 /// Agent metrics: passes, changes made (drift repairs after the first),
@@ -105,6 +107,11 @@ fn same_report(a: &RdmaNodeStateStatus, b: &RdmaNodeStateStatus) -> bool {
     let mut b = b.clone();
     a.last_sync_time = None;
     b.last_sync_time = None;
+    // Admission is the controller's (another field manager), never the agent's.
+    for s in [&mut a, &mut b] {
+        s.admission.clear();
+        s.admission_phase = None;
+    }
     a == b
 }
 
@@ -132,6 +139,7 @@ pub async fn run(client: Client, cfg: RunConfig, metrics: AgentMetrics) -> anyho
         }
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut checks = cfg.checks.clone();
     loop {
         let Some(state) = api.get_opt(&cfg.node_name).await? else {
             tracing::info!(node = %cfg.node_name, "no RdmaNodeState yet (no RdmaNetwork selects this node)");
@@ -166,6 +174,10 @@ pub async fn run(client: Client, cfg: RunConfig, metrics: AgentMetrics) -> anyho
             metrics.failed.inc();
         }
         status.observed_generation = state.metadata.generation;
+        if let Some(c) = checks.as_mut() {
+            let extra = c.conditions_now(&state.spec, &status);
+            status.conditions.extend(extra);
+        }
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         stamp_transitions(&prev.conditions, &mut status.conditions, &now);
         if !same_report(&prev, &status) {
@@ -209,6 +221,11 @@ mod tests {
         assert!(same_report(&a, &b));
         b.configured_pfs = 1;
         assert!(!same_report(&a, &b));
+        // The controller's admission entries are not the agent's to report.
+        let mut c = a.clone();
+        c.admission_phase = Some("Admitted".into());
+        c.admission.push(Default::default());
+        assert!(same_report(&a, &c));
         assert_eq!(Unknown("x".into()).holders("0000:3b:00.2").len(), 1);
     }
 }

@@ -141,6 +141,7 @@ fn spec() -> RdmaNodeStateSpec {
     RdmaNodeStateSpec {
         node_name: "n1".into(),
         pfs: vec![pf_config(PF0, "ens1f0", 4), pf_config(PF1, "ens2f0", 8)],
+        ..Default::default()
     }
 }
 
@@ -447,6 +448,7 @@ fn a_managed_pf_that_leaves_the_spec_goes_back_to_zero_vfs() {
     let s = RdmaNodeStateSpec {
         node_name: "n1".into(),
         pfs: vec![pf_config(PF0, "ens1f0", 8)],
+        ..Default::default()
     };
     let o = rig.apply(&s, &[PF0, PF1]);
     assert_eq!(rig.kernel.writes(), [(pci(PF1), 0)]);
@@ -545,4 +547,97 @@ fn vfs_that_never_appear_time_out_with_what_is_missing() {
     );
     assert!(d.message.contains("8 of 16 VFs listed"), "{}", d.message);
     assert!(d.message.contains("0000:86:00.0"), "{}", d.message);
+}
+
+#[test]
+fn held_vfs_are_reported_as_data_for_the_drain() {
+    let rig = Rig::new();
+    rig.kernel
+        .host
+        .lock()
+        .unwrap()
+        .remove_netdev("ens1f0v5")
+        .unwrap();
+    let status = r#"[{"name":"team-a/fast","device-info":{"type":"pci","pci":{"pci-address":"0000:3b:00.3"}}}]"#;
+    let pods = PodSnapshot::from_pods([("team-a", "trainer-0", status)]);
+    let o = rig.agent().apply(&spec(), &[], &pods);
+    let held: Vec<(&str, u32, &str, Vec<&str>)> = o
+        .status
+        .held_vfs
+        .iter()
+        .map(|h| {
+            (
+                h.pf.as_str(),
+                h.index,
+                h.pci_address.as_str(),
+                h.pods.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        held,
+        [
+            (PF0, 1, "0000:3b:00.3", vec!["team-a/trainer-0"]),
+            // Not a pod kroce can name: reported, never evicted.
+            (PF0, 5, "0000:3b:00.7", vec![]),
+        ]
+    );
+    assert!(o.status.held_vfs[1].reason.contains("no netdev"));
+    // Once nothing holds them, the list empties.
+    rig.kernel
+        .host
+        .lock()
+        .unwrap()
+        .add_virtual_netdev("ens1f0v5", "02:00:00:00:05:05", 1500)
+        .unwrap();
+    let o = rig.apply(&spec(), &[]);
+    assert!(o.status.held_vfs.is_empty(), "{:?}", o.status.held_vfs);
+}
+
+#[test]
+fn soft_devices_are_checked_not_created() {
+    let rig = Rig::new();
+    rig.kernel
+        .host
+        .lock()
+        .unwrap()
+        .add_rxe("rxe_kvf0", "kvf0")
+        .unwrap();
+    let spec = RdmaNodeStateSpec {
+        node_name: "n1".into(),
+        pfs: vec![],
+        soft_devices: vec![crate::crd::SoftDeviceGroup {
+            network: "rxe".into(),
+            resource_name: "rdma/vf".into(),
+            if_names: vec!["kvf0".into(), "kvf1".into()],
+        }],
+    };
+    let o = rig.apply(&spec, &[]);
+    assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());
+    assert!(o.changes.is_empty(), "{:?}", o.changes);
+    assert_eq!(o.status.sync_state, SyncState::Failed);
+    let d = condition(&o, "Degraded");
+    assert_eq!(d.reason, "SoftDeviceMissing");
+    assert!(d.message.contains("kvf1"), "{}", d.message);
+    let found: Vec<(&str, bool)> = o
+        .status
+        .soft_devices
+        .iter()
+        .map(|s| (s.if_name.as_str(), s.present))
+        .collect();
+    assert_eq!(found, [("kvf0", true), ("kvf1", false)]);
+    // The admin (or the kind e2e) adds the second device: in sync, nothing written.
+    rig.kernel
+        .host
+        .lock()
+        .unwrap()
+        .add_rxe("rxe_kvf1", "kvf1")
+        .unwrap();
+    let o = rig.apply(&spec, &[]);
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    assert_eq!(
+        o.status.soft_devices[1].rdma_device.as_deref(),
+        Some("rxe_kvf1")
+    );
+    assert!(rig.kernel.writes().is_empty());
 }

@@ -17,7 +17,25 @@ pub struct Health {
     pub failed: AtomicBool,
 }
 
-fn respond(registry: &Registry, health: &Health, path: &str) -> Response<Full<Bytes>> {
+/// More OpenMetrics families for `/metrics`, rendered per scrape (the node
+/// agent's RDMA counters, read from sysfs at that moment).
+pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Appends `extra` (OpenMetrics families, no `# EOF`) to the registry's
+/// exposition, keeping `# EOF` last.
+pub fn append_families(registry_text: &str, extra: &str) -> String {
+    let body = registry_text
+        .strip_suffix("# EOF\n")
+        .unwrap_or(registry_text);
+    format!("{body}{extra}# EOF\n")
+}
+
+fn respond(
+    registry: &Registry,
+    health: &Health,
+    extra: Option<&ExtraMetrics>,
+    path: &str,
+) -> Response<Full<Bytes>> {
     let (status, body, ctype) = match path {
         "/health" | "/healthz" => {
             if health.failed.load(Ordering::Relaxed) {
@@ -35,7 +53,10 @@ fn respond(registry: &Registry, health: &Health, path: &str) -> Response<Full<By
             match prometheus_client::encoding::text::encode(&mut out, registry) {
                 Ok(()) => (
                     StatusCode::OK,
-                    out,
+                    match extra {
+                        Some(f) => append_families(&out, &f()),
+                        None => out,
+                    },
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 ),
                 Err(e) => (
@@ -65,15 +86,26 @@ pub async fn serve(
     registry: Arc<Registry>,
     health: Arc<Health>,
 ) -> std::io::Result<()> {
+    serve_with(addr, registry, health, None).await
+}
+
+/// [`serve`], with more families appended to `/metrics`.
+pub async fn serve_with(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    health: Arc<Health>,
+    extra: Option<ExtraMetrics>,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics and /health");
     loop {
         let (stream, _) = listener.accept().await?;
         let registry = registry.clone();
         let health = health.clone();
+        let extra = extra.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = respond(&registry, &health, req.uri().path());
+                let r = respond(&registry, &health, extra.as_ref(), req.uri().path());
                 async move { Ok::<_, std::convert::Infallible>(r) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()

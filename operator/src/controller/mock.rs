@@ -20,6 +20,10 @@ pub struct ApiServer {
     /// `METHOD path` of every request, in order.
     pub log: Arc<Mutex<Vec<String>>>,
     rv: Arc<Mutex<u64>>,
+    /// Container logs by `(namespace, pod)`, served at `pods/<name>/log`.
+    pub pod_logs: Arc<Mutex<BTreeMap<Key, String>>>,
+    /// `namespace/name` of pods whose eviction a PodDisruptionBudget refuses (429).
+    pub refuse_eviction: Arc<Mutex<Vec<String>>>,
 }
 
 struct Target {
@@ -195,6 +199,21 @@ impl ApiServer {
         }
     }
 
+    /// Sets what `GET .../pods/<name>/log` returns.
+    pub fn set_pod_log(&self, ns: &str, name: &str, text: &str) {
+        let mut logs = self.pod_logs.lock().unwrap_or_else(|e| e.into_inner());
+        logs.insert((ns.to_string(), name.to_string()), text.to_string());
+    }
+
+    /// Every stored object of a kind, as JSON.
+    pub fn list(&self, prefix: &str, plural: &str) -> Vec<Value> {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store
+            .get(&(prefix.to_string(), plural.to_string()))
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
@@ -258,10 +277,83 @@ impl ApiServer {
                     &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items}),
                 )
             }
+            (&Method::GET, Some(name)) if t.sub.as_deref() == Some("log") => {
+                if !coll.contains_key(&(ns.clone(), name.clone())) {
+                    return status(404, "NotFound", &format!("pod {name} not found"));
+                }
+                let logs = self.pod_logs.lock().unwrap_or_else(|e| e.into_inner());
+                let text = logs.get(&(ns, name.clone())).cloned().unwrap_or_default();
+                Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "text/plain")
+                    .body(Body::from(text.into_bytes()))
+                    .unwrap_or_else(|_| Response::new(Body::empty()))
+            }
             (&Method::GET, Some(name)) => match coll.get(&(ns, name.clone())) {
                 Some(v) => ok(v),
                 None => status(404, "NotFound", &format!("{} {name} not found", t.kind.1)),
             },
+            // policy/v1 Eviction: the pod goes (no grace period here), unless refused.
+            (&Method::POST, Some(name)) if t.sub.as_deref() == Some("eviction") => {
+                let refused = self
+                    .refuse_eviction
+                    .lock()
+                    .map(|r| r.contains(&format!("{ns}/{name}")))
+                    .unwrap_or(false);
+                if refused {
+                    return status(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                    );
+                }
+                if coll.remove(&(ns, name.clone())).is_none() {
+                    return status(404, "NotFound", &format!("pods {name} not found"));
+                }
+                ok(
+                    &json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}, "code": 201}),
+                )
+            }
+            // Replace, with optimistic concurrency on metadata.resourceVersion.
+            (&Method::PUT, Some(name)) => {
+                let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
+                    return status(400, "BadRequest", "body is not JSON");
+                };
+                let key = (ns.clone(), name.clone());
+                let Some(cur) = coll.get(&key) else {
+                    return status(404, "NotFound", &format!("{name} not found"));
+                };
+                let cur_rv = cur
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                if let Some(rv) = obj
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    && rv != cur_rv
+                {
+                    return status(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Operation cannot be fulfilled on {} {name}: the object has been modified",
+                            t.kind.1
+                        ),
+                    );
+                }
+                for k in ["uid", "creationTimestamp", "generation"] {
+                    if let Some(v) = cur["metadata"].get(k) {
+                        obj["metadata"][k] = v.clone();
+                    }
+                }
+                if let Some(n) = &t.namespace {
+                    obj["metadata"]["namespace"] = n.clone().into();
+                }
+                obj["metadata"]["resourceVersion"] = self.next_rv().into();
+                coll.insert(key, obj.clone());
+                ok(&obj)
+            }
             (&Method::POST, _) => {
                 let Ok(mut obj) = serde_json::from_slice::<Value>(&body) else {
                     return status(400, "BadRequest", "body is not JSON");

@@ -7,10 +7,15 @@
 //! and writes only what differs: node state specs, the device plugin's
 //! ConfigMap, this network's attachment definitions and its status.
 
+pub mod admission;
+pub mod drain;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 mod sync;
 
+#[cfg(test)]
+mod admission_tests;
 #[cfg(test)]
 mod mock;
 #[cfg(test)]
@@ -48,6 +53,8 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    #[error("admission: {0}")]
+    Admission(String),
 }
 
 impl Error {
@@ -58,6 +65,7 @@ impl Error {
             Error::Kube(_) => "Kube".into(),
             Error::Finalizer(_) => "Finalizer".into(),
             Error::Yaml(_) | Error::Json { .. } => "Encode".into(),
+            Error::Admission(_) => "Admission".into(),
         }
     }
 }
@@ -72,6 +80,8 @@ pub struct Context {
     pub configmap: String,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// Perftest admission flags (test namespace, image, clock).
+    pub admission: admission::AdmissionSettings,
 }
 
 impl std::fmt::Debug for Context {
@@ -95,6 +105,7 @@ impl Context {
             namespace: namespace.to_string(),
             configmap: configmap.to_string(),
             metrics,
+            admission: admission::AdmissionSettings::default(),
         }
     }
 }

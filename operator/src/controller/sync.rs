@@ -64,12 +64,17 @@ fn plan_world(world: &World) -> ClusterPlan {
         .iter()
         .map(|n| {
             let name = n.name_any();
+            // Known once the agent has reported (a node may have no PF at all).
             let inventory = world
                 .states
                 .get(&name)
                 .and_then(|s| s.status.as_ref())
-                .map(|s| s.pfs.clone())
-                .filter(|p| !p.is_empty());
+                .filter(|s| {
+                    !s.pfs.is_empty()
+                        || s.last_sync_time.is_some()
+                        || s.observed_generation.is_some()
+                })
+                .map(|s| s.pfs.clone());
             NodeInput {
                 labels: n.labels().clone(),
                 name,
@@ -113,7 +118,7 @@ async fn sync_nodes(
             }
             (Desired::AwaitInventory, None) => Some(RdmaNodeStateSpec {
                 node_name: np.node.clone(),
-                pfs: Vec::new(),
+                ..Default::default()
             }),
             _ => None,
         };
@@ -160,9 +165,18 @@ async fn sync_nodes(
     for np in &plan.nodes {
         let key = config_key(&np.node);
         match (&np.device_plugin, old.get(&key)) {
-            (Some(cfg), _) => {
+            (Some(cfg), prev) => {
                 if !np.selected.is_empty() || world.states.contains_key(&np.node) {
-                    data.insert(key, cfg.to_yaml()?);
+                    // Pools appear only once the node state carrying them is applied.
+                    let spec = match &np.desired {
+                        Desired::Spec(s) => Some(s),
+                        _ => None,
+                    };
+                    let state = world.states.get(&np.node);
+                    let prev = prev.map(String::as_str);
+                    if let Some(c) = super::admission::advertised_pools(cfg, spec, state, prev) {
+                        data.insert(key, c.to_yaml()?);
+                    }
                 }
             }
             // Conflict or no inventory yet: keep what the node had.
@@ -272,7 +286,8 @@ pub(crate) fn network_status(
                     .spec
                     .pfs
                     .iter()
-                    .any(|p| p.vf_groups.iter().any(|g| g.network == name));
+                    .any(|p| p.vf_groups.iter().any(|g| g.network == name))
+                    || s.spec.soft_devices.iter().any(|g| g.network == name);
                 applied && carries
             })
         })
@@ -414,7 +429,8 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
     {
         publish(ctx, net, EventType::Warning, &d.reason, d.message).await;
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    let wake = super::admission::reconcile_network(ctx, net, &plan).await?;
+    Ok(Action::requeue(wake.min(Duration::from_secs(300))))
 }
 
 pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Error> {
@@ -440,6 +456,7 @@ pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, 
     let world = list_world(ctx).await?;
     let plan = plan_world(&world);
     changes.extend(sync_nodes(ctx, &world, &plan).await?);
+    super::admission::cleanup_network(ctx, net, &plan).await?;
     for c in &changes {
         publish(ctx, net, EventType::Normal, "Cleanup", c.clone()).await;
     }

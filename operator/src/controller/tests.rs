@@ -157,31 +157,11 @@ async fn creates_node_states_attachment_definitions_and_device_plugin_config() {
     // n3 is selected by nothing.
     assert!(state(&server, "n3").is_none());
 
-    // The device plugin's pools for n1, none yet for n2.
+    // No pools before the agent has applied n1's state (they follow below).
     let cm = server
         .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
         .unwrap();
-    let yaml = cm["data"]["n1.yaml"].as_str().unwrap();
-    let cfg: crate::plan::DevicePluginConfig = serde_saphyr::from_str(yaml).unwrap();
-    let pools: Vec<(&str, Vec<&str>, Option<&str>)> = cfg
-        .pools
-        .iter()
-        .map(|p| {
-            (
-                p.resource_name.as_str(),
-                p.selectors.pf_names.iter().map(String::as_str).collect(),
-                p.memlock.as_deref(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        pools,
-        [
-            ("rdma/bulk", vec!["ens1f0#4-7"], None),
-            ("rdma/vf", vec!["ens1f0#0-3"], Some("unlimited"))
-        ]
-    );
-    assert!(cm["data"].get("n2.yaml").is_none());
+    assert!(cm["data"].get("n1.yaml").is_none(), "{cm}");
 
     // Attachment definitions in both namespaces (bulk's come with its own reconcile).
     for ns in ["team-a", "team-b"] {
@@ -231,6 +211,32 @@ async fn creates_node_states_attachment_definitions_and_device_plugin_config() {
     assert_eq!(st["readyNodes"], 1);
     assert_eq!(condition(&st, "Ready")["status"], "True");
     assert_eq!(condition(&st, "Progressing")["status"], "False");
+
+    // Applied: the device plugin's pools for n1, none yet for n2.
+    let cm = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap();
+    let yaml = cm["data"]["n1.yaml"].as_str().unwrap();
+    let cfg: crate::plan::DevicePluginConfig = serde_saphyr::from_str(yaml).unwrap();
+    let pools: Vec<(&str, Vec<&str>, Option<&str>)> = cfg
+        .pools
+        .iter()
+        .map(|p| {
+            (
+                p.resource_name.as_str(),
+                p.selectors.pf_names.iter().map(String::as_str).collect(),
+                p.memlock.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            ("rdma/bulk", vec!["ens1f0#4-7"], None),
+            ("rdma/vf", vec!["ens1f0#0-3"], Some("unlimited"))
+        ]
+    );
+    assert!(cm["data"].get("n2.yaml").is_none());
 
     // A quiet reconcile writes nothing.
     let before = server.requests().len();
@@ -309,6 +315,16 @@ async fn deletion_removes_attachment_definitions_and_vf_groups_then_the_finalize
             .get(NADS, "network-attachment-definitions", "team-a", "bulk")
             .is_some()
     );
+    // n1's agent applied both networks: both pools advertised.
+    server.edit(KROCE, "rdmanodestates", "", "n1", |o| {
+        o["status"]["observedGeneration"] = o["metadata"]["generation"].clone();
+        o["status"]["syncState"] = "Succeeded".into();
+    });
+    reconcile_named(&ctx, &server, "bulk").await;
+    let cm = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap();
+    assert!(cm["data"]["n1.yaml"].as_str().unwrap().contains("rdma/vf"));
     // kubectl delete: the API server only marks it while the finalizer is there.
     server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
         o["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z".into();
@@ -408,4 +424,92 @@ async fn api_errors_go_through_error_policy_and_count_by_reason() {
     );
     assert!(out.contains("kroce_reconciles_total 1"), "{out}");
     drop(server);
+}
+
+/// The kind e2e's soft-RoCE network, exactly as `e2e/kind/run.sh` applies it.
+fn kind_rxe_network() -> Value {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/kind/rdmanetwork-rxe.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_str(&text).unwrap()
+}
+
+#[tokio::test]
+async fn soft_device_network_from_the_kind_e2e_reaches_ready() {
+    let (ctx, server) = setup();
+    server.insert(
+        CORE,
+        "nodes",
+        node("kind-worker", json!({"kroce.io/e2e": "true"})),
+    );
+    server.insert(
+        CORE,
+        "nodes",
+        node("kind-worker2", json!({"kroce.io/e2e": "true"})),
+    );
+    // kind-worker's agent has reported: no SR-IOV PF at all.
+    server.insert(
+        KROCE,
+        "rdmanodestates",
+        json!({
+            "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
+            "metadata": {"name": "kind-worker"},
+            "spec": {"nodeName": "kind-worker", "pfs": []},
+            "status": {"pfs": [], "syncState": "Succeeded", "lastSyncTime": "2026-01-01T00:00:00Z"}
+        }),
+    );
+    server.insert(KROCE, "rdmanetworks", kind_rxe_network());
+    reconcile_twice(&ctx, &server, "rxe").await;
+
+    // Both nodes get the soft devices, no PF, no VF: kind-worker2 without
+    // waiting for its agent's inventory.
+    for n in ["kind-worker", "kind-worker2"] {
+        let s = state(&server, n).unwrap_or_else(|| panic!("no state for {n}"));
+        assert!(s.spec.pfs.is_empty(), "{n}: {:?}", s.spec);
+        assert_eq!(s.spec.soft_devices.len(), 1, "{n}");
+        assert_eq!(s.spec.soft_devices[0].if_names, ["kvf0", "kvf1"]);
+        assert_eq!(s.spec.soft_devices[0].resource_name, "rdma/vf");
+    }
+    let nad = server
+        .get(NADS, "network-attachment-definitions", "default", "rxe")
+        .unwrap();
+    assert_eq!(
+        nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"],
+        "rdma/vf"
+    );
+    let st = net_status(&server, "rxe");
+    assert_eq!(st["matchedNodes"], 2);
+    assert_eq!(condition(&st, "Degraded")["status"], "False");
+    assert_eq!(condition(&st, "Ready")["status"], "False");
+
+    // Both agents find their rxe devices and report the spec applied.
+    for n in ["kind-worker", "kind-worker2"] {
+        server.edit(KROCE, "rdmanodestates", "", n, |o| {
+            let generation = o["metadata"]["generation"].clone();
+            o["status"] = json!({"observedGeneration": generation, "syncState": "Succeeded",
+                                 "lastSyncTime": "2026-01-01T00:01:00Z"});
+        });
+    }
+    reconcile_named(&ctx, &server, "rxe").await;
+    // Applied: the device plugin now advertises the rxe devices by ifNames.
+    let cm = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap();
+    for key in ["kind-worker.yaml", "kind-worker2.yaml"] {
+        let cfg: crate::plan::DevicePluginConfig = serde_saphyr::from_str(
+            cm["data"][key]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {key}: {cm}")),
+        )
+        .unwrap();
+        assert_eq!(cfg.pools.len(), 1, "{key}");
+        let p = &cfg.pools[0];
+        assert_eq!(p.resource_name, "rdma/vf");
+        assert_eq!(p.selectors.if_names, ["kvf0", "kvf1"]);
+        assert_eq!(p.selectors.is_rdma, Some(true));
+        assert!(p.selectors.pf_names.is_empty() && p.selectors.vendors.is_empty());
+    }
+    let st = net_status(&server, "rxe");
+    assert_eq!(st["readyNodes"], 2);
+    assert_eq!(condition(&st, "Ready")["status"], "True");
 }

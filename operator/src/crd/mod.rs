@@ -7,15 +7,15 @@ pub mod conditions;
 pub mod network;
 pub mod node_state;
 
-pub use admission::{AdmissionGate, AdmissionSpec};
+pub use admission::{AdmissionGate, AdmissionResult, AdmissionSpec, LatencyTest, NetworkAdmission};
 pub use conditions::{Condition, ConditionStatus};
 pub use network::{
     IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec, RdmaNetworkStatus,
     ReservedCpusMode, Trust,
 };
 pub use node_state::{
-    IrqPlacement, ObservedPf, ObservedQos, ObservedVf, PfConfig, RdmaNodeState, RdmaNodeStateSpec,
-    RdmaNodeStateStatus, SyncState, VfGroup,
+    HeldVf, IrqPlacement, ObservedPf, ObservedQos, ObservedSoftDevice, ObservedVf, PfConfig,
+    RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SoftDeviceGroup, SyncState, VfGroup,
 };
 
 use kube::CustomResourceExt;

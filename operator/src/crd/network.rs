@@ -2,15 +2,20 @@
 
 use super::admission::AdmissionSpec;
 use super::conditions::Condition;
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Which PFs of a selected node carry this network. Every set field must
 /// match; an empty selector matches nothing (the controller says so).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+/// `ifNames` instead selects netdevs that already carry a soft RDMA device
+/// (rxe, siw): no PFs, no VFs, nothing for the node agent to create.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!has(self.ifNames) || !(has(self.vendor) || has(self.deviceID) || has(self.pfNames) || has(self.rootDevices))"
+).message("ifNames (soft devices) cannot be combined with vendor, deviceID, pfNames or rootDevices"))]
 pub struct NicSelector {
     /// PCI vendor id, 4 hex digits (`15b3` for NVIDIA/Mellanox).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -27,15 +32,46 @@ pub struct NicSelector {
     /// PF PCI addresses (`0000:3b:00.0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub root_devices: Vec<String>,
+    /// Netdevs carrying a soft RDMA device (rxe over a macvlan per "VF"),
+    /// one device each, advertised as they are; leave `numVfs` unset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "if_names_schema")]
+    pub if_names: Vec<String>,
 }
 
 impl NicSelector {
     pub fn is_empty(&self) -> bool {
-        self.vendor.is_none()
-            && self.device_id.is_none()
-            && self.pf_names.is_empty()
-            && self.root_devices.is_empty()
+        !self.selects_pfs() && self.if_names.is_empty()
     }
+
+    /// Whether any PF field (vendor, deviceID, pfNames, rootDevices) is set.
+    pub fn selects_pfs(&self) -> bool {
+        self.vendor.is_some()
+            || self.device_id.is_some()
+            || !self.pf_names.is_empty()
+            || !self.root_devices.is_empty()
+    }
+
+    /// Soft devices by netdev name (`ifNames`), no PFs.
+    pub fn is_soft(&self) -> bool {
+        !self.if_names.is_empty() && !self.selects_pfs()
+    }
+}
+
+/// Longest netdev name the kernel accepts (IFNAMSIZ - 1).
+pub const MAX_IFNAME_LEN: usize = 15;
+
+fn if_names_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 256,
+        "items": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_IFNAME_LEN,
+            "pattern": r"^[^/:\s]+$"
+        }
+    })
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -122,7 +158,7 @@ impl Default for QosSpec {
 /// An RDMA network: VFs on the selected NICs of the selected nodes, pinned
 /// and QoS-configured, advertised as `rdma/<resourceName>` and attached
 /// through a NetworkAttachmentDefinition in each `networkNamespaces` entry.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "kroce.io",
     version = "v1alpha1",
@@ -139,14 +175,22 @@ impl Default for QosSpec {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "has(self.nicSelector.ifNames) || (has(self.numVfs) && self.numVfs > 0)"
+).message("numVfs (at least 1) is required when nicSelector selects PFs (vendor, deviceID, pfNames, rootDevices)"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.nicSelector.ifNames) || !has(self.numVfs) || self.numVfs == 0"
+).message("numVfs must be unset (or 0) with nicSelector.ifNames: soft devices get no VFs"))]
 pub struct RdmaNetworkSpec {
     /// Node labels that must all match (empty: every node).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     pub nic_selector: NicSelector,
     /// VFs to create on each selected PF (the PF's `sriov_numvfs`).
-    #[schemars(range(min = 1, max = 4096))]
-    pub num_vfs: u32,
+    /// Required (at least 1) with PF selectors; unset with `ifNames`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 4096))]
+    pub num_vfs: Option<u32>,
     /// Advertised as `rdma/<resourceName>`; defaults to the network's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$"))]
@@ -193,6 +237,11 @@ fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 impl RdmaNetworkSpec {
+    /// `numVfs`, 0 when unset (soft devices).
+    pub fn vf_count(&self) -> u32 {
+        self.num_vfs.unwrap_or(0)
+    }
+
     /// `rdma/<resourceName>`, the network's name when unset.
     pub fn full_resource_name(&self, network: &str) -> String {
         format!(

@@ -56,6 +56,7 @@ pub struct PfConfig {
     derive = "Default",
     printcolumn = r#"{"name":"Sync","type":"string","jsonPath":".status.syncState"}"#,
     printcolumn = r#"{"name":"PFs","type":"integer","jsonPath":".status.configuredPfs"}"#,
+    printcolumn = r#"{"name":"Admission","type":"string","jsonPath":".status.admissionPhase"}"#,
     printcolumn = r#"{"name":"Error","type":"string","jsonPath":".status.lastError","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -66,6 +67,9 @@ pub struct RdmaNodeStateSpec {
     /// if kroce configured them before (see the agent's README section).
     #[serde(default)]
     pub pfs: Vec<PfConfig>,
+    /// Soft RDMA devices (rxe) by netdev: nothing to create, only to check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub soft_devices: Vec<SoftDeviceGroup>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -152,7 +156,8 @@ pub struct IrqPlacement {
     pub error: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+// Not `Eq`: admission results carry measured numbers (f64).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RdmaNodeStateStatus {
     /// `metadata.generation` of the spec the agent last applied.
@@ -174,9 +179,74 @@ pub struct RdmaNodeStateStatus {
     /// the spec goes back to zero VFs only if it is listed here.
     #[serde(default)]
     pub managed_pfs: Vec<String>,
+    /// The spec's soft-device netdevs as found on the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub soft_devices: Vec<ObservedSoftDevice>,
+    /// VFs that must go but are held by pods (the `VfsHeld` condition, as
+    /// data: what the controller's `--drain-held-vfs` evicts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_vfs: Vec<HeldVf>,
     #[serde(default)]
     pub irq_placement: Vec<IrqPlacement>,
     /// `Ready`, `Degraded`, `VfsHeld`, `IrqBalanceRunning`, ...
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// Perftest admission, one entry per network selecting the node
+    /// (written by the controller, field manager `kroce-admission`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admission: Vec<super::admission::NetworkAdmission>,
+    /// `Admitted` when every network admits the node, else the least
+    /// advanced phase (`Pending`, `Testing`, `Failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission_phase: Option<String>,
+}
+
+impl RdmaNodeState {
+    /// The agent reports the current spec applied.
+    pub fn in_sync(&self) -> bool {
+        self.status.as_ref().is_some_and(|st| {
+            st.sync_state == SyncState::Succeeded
+                && st.observed_generation.is_some()
+                && st.observed_generation == self.metadata.generation
+        })
+    }
+}
+
+/// One network's soft RDMA devices on this node: netdevs that already carry
+/// an rxe/siw device, advertised by the device plugin's `ifNames` selector.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SoftDeviceGroup {
+    pub network: String,
+    /// Full extended resource name (`rdma/vf`).
+    pub resource_name: String,
+    pub if_names: Vec<String>,
+}
+
+/// A soft-device netdev as the agent found it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedSoftDevice {
+    pub if_name: String,
+    /// The netdev exists in the host (agent's) network namespace.
+    pub present: bool,
+    /// The RDMA device over it (`rxe_kvf0`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
+}
+
+/// A VF the spec removes that pods still hold.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldVf {
+    /// The PF's PCI address.
+    pub pf: String,
+    pub index: u32,
+    pub pci_address: String,
+    /// `namespace/name` of each holding pod; empty when the holder is not a
+    /// pod kroce can name (netdev moved away, other driver, pods unlisted).
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// Why the VF counts as held, for people.
+    pub reason: String,
 }

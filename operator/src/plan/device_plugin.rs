@@ -48,32 +48,32 @@ pub struct Selectors {
 }
 
 /// One pool per resource name; its `pfNames` carry the exact VF ranges of
-/// the desired state, so two networks on one PF never share a VF.
+/// the desired state, so two networks on one PF never share a VF. A
+/// soft-device group becomes a pool selecting its netdevs by `ifNames`.
 pub fn device_plugin_config(
     spec: &RdmaNodeStateSpec,
     inventory: &[ObservedPf],
     memlock: &BTreeMap<&str, Option<&str>>,
 ) -> DevicePluginConfig {
     let mut pools: BTreeMap<&str, Pool> = BTreeMap::new();
+    let new_pool = |resource: &str, network: &str| Pool {
+        resource_name: resource.to_string(),
+        mode: "exclusive".into(),
+        memlock: memlock.get(network).copied().flatten().map(str::to_string),
+        selectors: Selectors {
+            is_rdma: Some(true),
+            ..Default::default()
+        },
+    };
     for pf in &spec.pfs {
         let vendor = inventory
             .iter()
             .find(|i| i.pci_address == pf.pci_address)
             .map(|i| i.vendor.to_ascii_lowercase());
         for g in &pf.vf_groups {
-            let pool = pools.entry(&g.resource_name).or_insert_with(|| Pool {
-                resource_name: g.resource_name.clone(),
-                mode: "exclusive".into(),
-                memlock: memlock
-                    .get(g.network.as_str())
-                    .copied()
-                    .flatten()
-                    .map(str::to_string),
-                selectors: Selectors {
-                    is_rdma: Some(true),
-                    ..Default::default()
-                },
-            });
+            let pool = pools
+                .entry(&g.resource_name)
+                .or_insert_with(|| new_pool(&g.resource_name, &g.network));
             pool.selectors
                 .pf_names
                 .push(format!("{}#{}", pf.if_name, g.vf_range));
@@ -81,6 +81,16 @@ pub fn device_plugin_config(
                 && !pool.selectors.vendors.contains(v)
             {
                 pool.selectors.vendors.push(v.clone());
+            }
+        }
+    }
+    for g in &spec.soft_devices {
+        let pool = pools
+            .entry(&g.resource_name)
+            .or_insert_with(|| new_pool(&g.resource_name, &g.network));
+        for n in &g.if_names {
+            if !pool.selectors.if_names.contains(n) {
+                pool.selectors.if_names.push(n.clone());
             }
         }
     }
@@ -141,5 +151,44 @@ pools:
         let back: DevicePluginConfig = serde_saphyr::from_str(&yaml).unwrap();
         assert_eq!(back, cfg);
         assert_eq!(config_key("n1"), "n1.yaml");
+    }
+
+    #[test]
+    fn soft_device_network_is_an_if_names_pool_without_vfs() {
+        let rxe: crate::plan::NetworkInput = crate::plan::NetworkInput {
+            name: "rxe".into(),
+            spec: serde_json::from_value(serde_json::json!({
+                "nicSelector": {"ifNames": ["kvf0", "kvf1"]},
+                "resourceName": "vf",
+                "memlock": "unlimited",
+            }))
+            .unwrap(),
+        };
+        let mut n = node("kind-worker", &[]);
+        // A kind node has no SR-IOV PF at all: the agent reports none, and
+        // a soft network does not even need that report.
+        n.inventory = None;
+        let p = plan_node(&n, &[rxe]);
+        let Desired::Spec(spec) = &p.desired else {
+            panic!("expected a spec, got {:?}", p.desired)
+        };
+        assert!(spec.pfs.is_empty(), "no PF, no VFs: {spec:?}");
+        assert_eq!(spec.soft_devices.len(), 1);
+        assert_eq!(p.matched, ["rxe"]);
+        let yaml = p.device_plugin.unwrap().to_yaml().unwrap();
+        assert_eq!(
+            yaml,
+            "\
+pools:
+- resourceName: rdma/vf
+  mode: exclusive
+  memlock: unlimited
+  selectors:
+    isRdma: true
+    ifNames:
+    - kvf0
+    - kvf1
+"
+        );
     }
 }

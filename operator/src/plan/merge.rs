@@ -4,7 +4,9 @@
 
 use super::device_plugin::{DevicePluginConfig, device_plugin_config};
 use super::validate::{FieldError, validate_network};
-use crate::crd::{ObservedPf, PfConfig, RdmaNetworkSpec, RdmaNodeStateSpec, VfGroup};
+use crate::crd::{
+    ObservedPf, PfConfig, RdmaNetworkSpec, RdmaNodeStateSpec, SoftDeviceGroup, VfGroup,
+};
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,8 +42,9 @@ pub enum Desired {
     Spec(RdmaNodeStateSpec),
     /// Conflict: leave the current spec (the last good one) as it is.
     KeepLastGood,
-    /// The agent has not reported the node's PFs yet: make sure the object
-    /// exists (empty spec) so the agent can report, change nothing else.
+    /// The agent has not reported the node's PFs yet and a PF network
+    /// selects it: make sure the object exists (empty spec) so the agent can
+    /// report, change nothing else.
     AwaitInventory,
 }
 
@@ -50,7 +53,8 @@ pub struct NodePlan {
     pub node: String,
     /// Valid networks whose `nodeSelector` selects the node.
     pub selected: Vec<String>,
-    /// Selected networks that found at least one PF on the node.
+    /// Selected networks that found at least one PF on the node, and
+    /// selected soft-device networks (their netdevs are the agent's to check).
     pub matched: Vec<String>,
     pub desired: Desired,
     pub conflicts: Vec<Conflict>,
@@ -91,6 +95,8 @@ struct Prepared<'a> {
     device: Option<String>,
     pf_names: Vec<PfSelector>,
     root_devices: Vec<PciAddress>,
+    /// `nicSelector.ifNames`: soft devices, never a PF claim.
+    soft: bool,
 }
 
 impl<'a> Prepared<'a> {
@@ -126,6 +132,7 @@ impl<'a> Prepared<'a> {
                 .iter()
                 .filter_map(|p| p.parse().ok())
                 .collect(),
+            soft: n.spec.nic_selector.is_soft(),
         }
     }
 
@@ -138,6 +145,9 @@ impl<'a> Prepared<'a> {
 
     /// The VFs of `pf` this network claims, or `None` if it does not match.
     fn claim(&self, pf: &ObservedPf) -> Option<BTreeSet<u32>> {
+        if self.soft {
+            return None;
+        }
         if let Some(v) = &self.vendor
             && !pf.vendor.eq_ignore_ascii_case(v)
         {
@@ -154,7 +164,7 @@ impl<'a> Prepared<'a> {
                 return None;
             }
         }
-        let all = || (0..self.spec.num_vfs).collect::<BTreeSet<u32>>();
+        let all = || (0..self.spec.vf_count()).collect::<BTreeSet<u32>>();
         if self.pf_names.is_empty() {
             return Some(all());
         }
@@ -228,16 +238,13 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
         conflicts: Vec::new(),
         device_plugin: None,
     };
-    let Some(inventory) = &node.inventory else {
-        if selected.is_empty() {
-            // Nothing selects it and nothing is known: an empty spec is
-            // what it should have (it removes what earlier networks made).
-            plan.desired = Desired::Spec(RdmaNodeStateSpec {
-                node_name: node.name.clone(),
-                pfs: Vec::new(),
-            });
-        }
-        return plan;
+    // Without the agent's report, PF networks cannot be matched; soft
+    // networks (or none: an empty spec removes what earlier networks made)
+    // need no inventory.
+    let inventory: &[ObservedPf] = match &node.inventory {
+        Some(i) => i,
+        None if selected.iter().any(|n| !n.soft) => return plan,
+        None => &[],
     };
     let mut pfs: Vec<&ObservedPf> = inventory.iter().collect();
     pfs.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
@@ -276,6 +283,15 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
             configs.push(pf_config(pf, &claims));
         }
     }
+    let soft_devices = soft_groups(
+        &node.name,
+        &selected,
+        &mut resource_owner,
+        &mut plan.conflicts,
+    );
+    for g in &soft_devices {
+        matched.insert(g.network.clone());
+    }
     plan.matched = matched.into_iter().collect();
     if !plan.conflicts.is_empty() {
         plan.conflicts.dedup();
@@ -285,6 +301,7 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
     let spec = RdmaNodeStateSpec {
         node_name: node.name.clone(),
         pfs: configs,
+        soft_devices,
     };
     let memlock: BTreeMap<&str, Option<&str>> = selected
         .iter()
@@ -295,18 +312,69 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
     plan
 }
 
+/// The soft-device groups of the selected `ifNames` networks; a netdev
+/// named by two networks, or a resource name another network already
+/// advertises on the node, is a conflict naming both.
+fn soft_groups<'a>(
+    node: &str,
+    selected: &[&'a Prepared<'a>],
+    resource_owner: &mut BTreeMap<&'a str, &'a str>,
+    conflicts: &mut Vec<Conflict>,
+) -> Vec<SoftDeviceGroup> {
+    let mut groups = Vec::new();
+    let mut netdev_owner: BTreeMap<&str, &str> = BTreeMap::new();
+    for n in selected.iter().filter(|n| n.soft) {
+        for ifname in &n.spec.nic_selector.if_names {
+            match netdev_owner.get(ifname.as_str()) {
+                Some(owner) => conflicts.push(Conflict {
+                    node: node.to_string(),
+                    networks: pair(owner, n.name),
+                    message: format!(
+                        "networks {owner} and {} both select soft device netdev {ifname} on node {node}",
+                        n.name
+                    ),
+                }),
+                None => {
+                    netdev_owner.insert(ifname, n.name);
+                }
+            }
+        }
+        match resource_owner.get(n.resource.as_str()) {
+            Some(owner) if *owner != n.name => conflicts.push(Conflict {
+                node: node.to_string(),
+                networks: pair(owner, n.name),
+                message: format!(
+                    "networks {owner} and {} both advertise {} on node {node}",
+                    n.name, n.resource
+                ),
+            }),
+            _ => {
+                resource_owner.insert(&n.resource, n.name);
+            }
+        }
+        groups.push(SoftDeviceGroup {
+            network: n.name.to_string(),
+            resource_name: n.resource.clone(),
+            if_names: n.spec.nic_selector.if_names.clone(),
+        });
+    }
+    groups
+}
+
 /// Same PF, different `numVfs`; overlapping VF ranges; VFs beyond what the
 /// PF supports; different IRQ or QoS settings for one PF.
 fn check_claims(node: &str, pf: &ObservedPf, claims: &[Claim], out: &mut Vec<Conflict>) {
     let label = pf_label(pf);
     for c in claims {
-        if c.net.spec.num_vfs > pf.total_vfs {
+        if c.net.spec.vf_count() > pf.total_vfs {
             out.push(Conflict {
                 node: node.to_string(),
                 networks: vec![c.net.name.to_string()],
                 message: format!(
                     "network {} asks {} VFs on PF {label} of node {node}, which supports {}",
-                    c.net.name, c.net.spec.num_vfs, pf.total_vfs
+                    c.net.name,
+                    c.net.spec.vf_count(),
+                    pf.total_vfs
                 ),
             });
         }
@@ -314,13 +382,14 @@ fn check_claims(node: &str, pf: &ObservedPf, claims: &[Claim], out: &mut Vec<Con
     for (i, a) in claims.iter().enumerate() {
         for b in &claims[i + 1..] {
             let (an, bn) = (a.net.name, b.net.name);
-            if a.net.spec.num_vfs != b.net.spec.num_vfs {
+            if a.net.spec.vf_count() != b.net.spec.vf_count() {
                 out.push(Conflict {
                     node: node.to_string(),
                     networks: pair(an, bn),
                     message: format!(
                         "networks {an} and {bn} both claim PF {label} on node {node} with different numVfs ({} vs {})",
-                        a.net.spec.num_vfs, b.net.spec.num_vfs
+                        a.net.spec.vf_count(),
+                        b.net.spec.vf_count()
                     ),
                 });
                 continue;
@@ -378,7 +447,7 @@ fn pf_config(pf: &ObservedPf, claims: &[Claim]) -> PfConfig {
     PfConfig {
         pci_address: pf.pci_address.clone(),
         if_name: pf.if_name.clone().unwrap_or_default(),
-        num_vfs: first.num_vfs,
+        num_vfs: first.vf_count(),
         mtu: claims.iter().filter_map(|c| c.net.spec.mtu).max(),
         vf_groups: groups,
         irq_affinity: first.irq_affinity.clone(),
@@ -546,9 +615,104 @@ pub(crate) mod tests {
             p.desired,
             Desired::Spec(RdmaNodeStateSpec {
                 node_name: "n1".into(),
-                pfs: vec![]
+                ..Default::default()
             })
         );
+    }
+
+    fn soft_net(name: &str, if_names: &[&str]) -> NetworkInput {
+        NetworkInput {
+            name: name.into(),
+            spec: serde_json::from_value(serde_json::json!({
+                "nicSelector": {"ifNames": if_names},
+            }))
+            .unwrap(),
+        }
+    }
+
+    #[test]
+    fn soft_and_sriov_networks_share_a_node() {
+        let nets = [
+            net("fast", &["ens1f0#0-3"], 8),
+            soft_net("rxe", &["kvf0", "kvf1"]),
+        ];
+        let p = plan_node(&node("n1", &[]), &nets);
+        assert!(p.conflicts.is_empty(), "{:?}", p.conflicts);
+        assert_eq!(p.matched, ["fast", "rxe"]);
+        let s = spec_of(&p);
+        assert_eq!(s.pfs.len(), 1, "the soft network claims no PF");
+        assert_eq!(s.pfs[0].vf_groups.len(), 1);
+        assert_eq!(
+            s.soft_devices,
+            [SoftDeviceGroup {
+                network: "rxe".into(),
+                resource_name: "rdma/rxe".into(),
+                if_names: vec!["kvf0".into(), "kvf1".into()],
+            }]
+        );
+        let pools = p.device_plugin.unwrap().pools;
+        let sel: Vec<(&str, &[String], &[String])> = pools
+            .iter()
+            .map(|p| {
+                (
+                    p.resource_name.as_str(),
+                    &p.selectors.pf_names[..],
+                    &p.selectors.if_names[..],
+                )
+            })
+            .collect();
+        assert_eq!(
+            sel,
+            [
+                ("rdma/fast", &["ens1f0#0-3".to_string()][..], &[][..]),
+                (
+                    "rdma/rxe",
+                    &[][..],
+                    &["kvf0".to_string(), "kvf1".to_string()][..]
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn soft_networks_conflict_on_a_netdev_or_a_resource_name() {
+        let p = plan_node(
+            &node("n1", &[]),
+            &[soft_net("a", &["kvf0", "kvf1"]), soft_net("b", &["kvf1"])],
+        );
+        assert_eq!(p.desired, Desired::KeepLastGood);
+        assert_eq!(p.conflicts[0].networks, ["a", "b"]);
+        assert!(p.conflicts[0].message.contains("kvf1"), "{:?}", p.conflicts);
+        let mut rxe = soft_net("rxe", &["kvf0"]);
+        rxe.spec.resource_name = Some("fast".into());
+        let p = plan_node(&node("n1", &[]), &[net("fast", &["ens1f0"], 8), rxe]);
+        assert_eq!(p.desired, Desired::KeepLastGood);
+        assert!(
+            p.conflicts[0].message.contains("rdma/fast"),
+            "{:?}",
+            p.conflicts
+        );
+    }
+
+    #[test]
+    fn soft_networks_need_no_inventory_but_pf_networks_still_wait_for_it() {
+        let mut n = node("kind-worker", &[]);
+        n.inventory = None;
+        let p = plan_node(&n, &[soft_net("rxe", &["kvf0"])]);
+        assert_eq!(spec_of(&p).soft_devices.len(), 1);
+        let p = plan_node(
+            &n,
+            &[soft_net("rxe", &["kvf0"]), net("fast", &["ens1f0"], 8)],
+        );
+        assert_eq!(p.desired, Desired::AwaitInventory);
+        // A node whose agent reported no SR-IOV PF at all.
+        n.inventory = Some(vec![]);
+        let p = plan_node(
+            &n,
+            &[soft_net("rxe", &["kvf0"]), net("fast", &["ens1f0"], 8)],
+        );
+        assert_eq!(p.matched, ["rxe"]);
+        assert_eq!(spec_of(&p).soft_devices.len(), 1);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! VF ranges against `numVfs`, IPAM shape), with messages naming the field.
 
 use crate::crd::RdmaNetworkSpec;
+use crate::crd::network::MAX_IFNAME_LEN;
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::fmt;
 
@@ -36,6 +37,57 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// The kernel's rule for a netdev name (`dev_valid_name`).
+fn is_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_IFNAME_LEN
+        && s != "."
+        && s != ".."
+        && !s.chars().any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
+/// A soft-device network (`ifNames`): names, no VFs, no PF-level settings.
+fn validate_soft(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, n) in spec.nic_selector.if_names.iter().enumerate() {
+        if !is_ifname(n) {
+            errors.push(err(
+                format!("spec.nicSelector.ifNames[{i}]"),
+                format!(
+                    "{n:?} is not a netdev name (1-{MAX_IFNAME_LEN} characters, no '/', ':' or spaces)"
+                ),
+            ));
+        } else if !seen.insert(n.as_str()) {
+            errors.push(err(
+                format!("spec.nicSelector.ifNames[{i}]"),
+                format!("{n:?} is listed twice"),
+            ));
+        }
+    }
+    if let Some(n) = spec.num_vfs
+        && n > 0
+    {
+        errors.push(err(
+            "spec.numVfs",
+            format!(
+                "is {n}; leave it unset (or 0) with nicSelector.ifNames: soft devices get no VFs"
+            ),
+        ));
+    }
+    if spec.qos.is_some() {
+        errors.push(err(
+            "spec.qos",
+            "configures PFs; a soft-device network (nicSelector.ifNames) has none, leave qos unset",
+        ));
+    }
+    if spec.irq_affinity != crate::crd::IrqAffinity::default() {
+        errors.push(err(
+            "spec.irqAffinity",
+            "pins PF and VF IRQs; a soft-device network (nicSelector.ifNames) has none, leave irqAffinity unset",
+        ));
+    }
+}
+
 /// Every problem in the spec, not just the first.
 pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<FieldError>> {
     let mut errors = Vec::new();
@@ -45,15 +97,34 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             format!("{name:?} must be a DNS label (it names attachment definitions and pools)"),
         ));
     }
-    if spec.num_vfs == 0 {
-        errors.push(err("spec.numVfs", "must be at least 1"));
-    }
     let sel = &spec.nic_selector;
     if sel.is_empty() {
         errors.push(err(
             "spec.nicSelector",
-            "is empty; set vendor, deviceID, pfNames or rootDevices",
+            "is empty; set vendor, deviceID, pfNames or rootDevices (SR-IOV PFs) or ifNames (soft devices)",
         ));
+    }
+    if sel.selects_pfs() {
+        if !sel.if_names.is_empty() {
+            errors.push(err(
+                "spec.nicSelector.ifNames",
+                format!(
+                    "{:?} cannot be combined with vendor, deviceID, pfNames or rootDevices: a network is either SR-IOV VFs or soft devices",
+                    sel.if_names
+                ),
+            ));
+        }
+        if spec.vf_count() == 0 {
+            errors.push(err(
+                "spec.numVfs",
+                format!(
+                    "is {}; at least 1 is required when nicSelector selects PFs (vendor, deviceID, pfNames or rootDevices)",
+                    spec.num_vfs.map_or("unset".to_string(), |n| n.to_string())
+                ),
+            ));
+        }
+    } else if !sel.if_names.is_empty() {
+        validate_soft(spec, &mut errors);
     }
     for (field, value) in [("vendor", &sel.vendor), ("deviceID", &sel.device_id)] {
         if let Some(v) = value
@@ -68,16 +139,14 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
     for (i, p) in sel.pf_names.iter().enumerate() {
         match p.parse::<PfSelector>() {
             Ok(s) => {
+                let n = spec.vf_count();
                 if let Some(max) = s.vfs.as_ref().and_then(|v| v.iter().next_back())
-                    && *max >= spec.num_vfs
+                    && n > 0
+                    && *max >= n
                 {
                     errors.push(err(
                         format!("spec.nicSelector.pfNames[{i}]"),
-                        format!(
-                            "{p:?} uses VF {max}, but numVfs {} makes VFs 0-{}",
-                            spec.num_vfs,
-                            spec.num_vfs - 1
-                        ),
+                        format!("{p:?} uses VF {max}, but numVfs {n} makes VFs 0-{}", n - 1),
                     ));
                 }
             }
@@ -192,6 +261,7 @@ mod tests {
             device_id: None,
             pf_names: vec!["ens1f0#6-9".into(), "bad/name".into()],
             root_devices: vec!["0000:zz:00.0".into()],
+            if_names: vec![],
         };
         s.irq_affinity.reserved_cpus = Some("3-1".into());
         s.vlan_qos = Some(3);
@@ -220,6 +290,72 @@ mod tests {
             );
         }
         assert_eq!(errs.len(), want.len(), "{text:#?}");
+    }
+
+    fn soft(v: serde_json::Value) -> RdmaNetworkSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn fields(r: Result<(), Vec<FieldError>>) -> Vec<String> {
+        r.unwrap_err().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn soft_devices_need_no_num_vfs_and_pfs_do() {
+        let ok = soft(serde_json::json!({"nicSelector": {"ifNames": ["kvf0", "kvf1"]}}));
+        assert_eq!(validate_network("rxe", &ok), Ok(()));
+        // The kind e2e writes numVfs: 0, which means the same.
+        let zero = soft(serde_json::json!({"nicSelector": {"ifNames": ["kvf0"]}, "numVfs": 0}));
+        assert_eq!(validate_network("rxe", &zero), Ok(()));
+        let no_vfs = soft(serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}}));
+        let e = fields(validate_network("a", &no_vfs));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("spec.numVfs: is unset; at least 1 is required"),
+            "{e:?}"
+        );
+        let zero_pf = soft(serde_json::json!({"nicSelector": {"vendor": "15b3"}, "numVfs": 0}));
+        assert!(fields(validate_network("a", &zero_pf))[0].starts_with("spec.numVfs: is 0"));
+    }
+
+    #[test]
+    fn soft_device_mistakes_name_the_field() {
+        let mixed = soft(serde_json::json!({
+            "nicSelector": {"ifNames": ["kvf0"], "pfNames": ["ens1f0"]}, "numVfs": 4
+        }));
+        let e = fields(validate_network("a", &mixed));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("spec.nicSelector.ifNames: [\"kvf0\"] cannot be combined"),
+            "{e:?}"
+        );
+        let bad = soft(serde_json::json!({
+            "nicSelector": {"ifNames": ["kvf0", "a/b", "much-too-long-name0", "kvf0", ""]},
+            "numVfs": 4,
+            "qos": {"trust": "dscp"},
+            "irqAffinity": {"reservedCpus": "0-1"}
+        }));
+        let e = fields(validate_network("a", &bad));
+        let want = [
+            (
+                "spec.nicSelector.ifNames[1]",
+                "\"a/b\" is not a netdev name",
+            ),
+            ("spec.nicSelector.ifNames[2]", "much-too-long-name0"),
+            ("spec.nicSelector.ifNames[3]", "listed twice"),
+            ("spec.nicSelector.ifNames[4]", "\"\" is not a netdev name"),
+            ("spec.numVfs", "is 4; leave it unset"),
+            ("spec.qos", "leave qos unset"),
+            ("spec.irqAffinity", "leave irqAffinity unset"),
+        ];
+        for (field, needle) in want {
+            assert!(
+                e.iter()
+                    .any(|t| t.starts_with(&format!("{field}: ")) && t.contains(needle)),
+                "no error for {field} containing {needle}: {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
     }
 
     #[test]

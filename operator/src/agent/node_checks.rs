@@ -1,0 +1,529 @@
+//! Node conditions beyond applying the spec, added to each report:
+//! `NriReachable` (with what the admin can do when it is not), the doctor
+//! checks that decide whether RDMA works on the node (`RdmaLinkActive`,
+//! `RoceV2GidPresent`, `RdmaMtuConsistent`, `PfcConfigured`, `EcnEnabled`,
+//! `MemlockSufficient`), and `RdmaFabricCongestion` when PFC pause frames
+//! or discards grow faster than the configured rates.
+
+use super::counters::{Counters, now_ms};
+use crate::crd::{Condition, ConditionStatus, RdmaNodeStateSpec, RdmaNodeStateStatus};
+use kroce_admission::counters::{CongestionLimits, CounterSnapshot, congestion_condition};
+use kroce_admission::doctor::{DoctorOptions, DoctorReport, NetState, Status, names};
+use kroce_nri::reachability::{NriStatus, nri_reachable};
+use sriov_helpers::Host;
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+pub const NRI_CONDITION: &str = "NriReachable";
+
+/// Doctor check -> node condition type (the checks that decide whether
+/// RDMA works; irqbalance has its own condition already).
+pub const CHECK_CONDITIONS: &[(&str, &str)] = &[
+    (names::LINK, "RdmaLinkActive"),
+    (names::ROCE_V2_GID, "RoceV2GidPresent"),
+    (names::MTU, "RdmaMtuConsistent"),
+    (names::PFC, "PfcConfigured"),
+    (names::ECN, "EcnEnabled"),
+    (names::MEMLOCK, "MemlockSufficient"),
+];
+
+/// The node agent's flags for these checks and its counters.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeCheckArgs {
+    /// The runtime's NRI socket [default: <host-root>/var/run/nri/nri.sock].
+    #[arg(long)]
+    pub nri_socket: Option<PathBuf>,
+    /// RdmaFabricCongestion when PFC pause frames of a port grow faster (per second).
+    #[arg(long, default_value_t = 1000.0)]
+    pub max_pause_frames_per_sec: f64,
+    /// RdmaFabricCongestion when discards of a port grow faster (per second).
+    #[arg(long, default_value_t = 100.0)]
+    pub max_discards_per_sec: f64,
+    /// Which RDMA devices' counters /metrics exports.
+    #[arg(long, value_enum, default_value_t = super::counters::CounterScope::Pfs)]
+    pub rdma_counters: super::counters::CounterScope,
+    /// `ethtool` for per-priority pause and PHY discard counters ("" to skip).
+    #[arg(long, default_value = "ethtool")]
+    pub ethtool: PathBuf,
+}
+
+impl NodeCheckArgs {
+    pub fn node_checks(
+        &self,
+        node: &str,
+        root: &sriov_helpers::HostRoot,
+        host_root: &std::path::Path,
+    ) -> NodeChecks {
+        let ethtool: std::sync::Arc<dyn super::counters::EthtoolSource> =
+            if self.ethtool.as_os_str().is_empty() {
+                std::sync::Arc::new(super::counters::NoEthtool)
+            } else {
+                std::sync::Arc::new(super::counters::EthtoolCommand {
+                    program: self.ethtool.clone(),
+                })
+            };
+        NodeChecks::new(
+            NodeChecksConfig {
+                nri_socket: crate::doctor::nri_socket(host_root, self.nri_socket.as_deref()),
+                congestion: CongestionLimits {
+                    max_pause_frames_per_sec: self.max_pause_frames_per_sec,
+                    max_discards_per_sec: self.max_discards_per_sec,
+                },
+            },
+            Counters {
+                root: root.clone(),
+                node: node.to_string(),
+                scope: self.rdma_counters,
+                ethtool,
+            },
+        )
+    }
+}
+
+/// The agent's check settings (flags).
+#[derive(Debug, Clone)]
+pub struct NodeChecksConfig {
+    pub nri_socket: PathBuf,
+    pub congestion: CongestionLimits,
+}
+
+pub fn nri_condition(status: &NriStatus) -> Condition {
+    if status.is_reachable() {
+        Condition::new(NRI_CONDITION, true, "Reachable", status.message())
+    } else {
+        let mut msg = status.message();
+        if let Some(h) = status.hint() {
+            msg.push_str(". ");
+            msg.push_str(h);
+        }
+        Condition::new(NRI_CONDITION, false, "Unreachable", msg)
+    }
+}
+
+/// One condition per mapped check, over all its subjects: False when any
+/// failed, True (reason `Warning`) when any warned, True when passed,
+/// Unknown when every subject was skipped.
+pub fn doctor_conditions(report: &DoctorReport) -> Vec<Condition> {
+    let mut out = Vec::new();
+    for (check, type_) in CHECK_CONDITIONS {
+        let results: Vec<_> = report.checks.iter().filter(|c| c.name == *check).collect();
+        if results.is_empty() {
+            continue;
+        }
+        let worst = results
+            .iter()
+            .map(|c| c.status)
+            .max()
+            .unwrap_or(Status::Skip);
+        let shown: Vec<String> = results
+            .iter()
+            .filter(|c| c.status == worst)
+            .map(|c| match &c.hint {
+                Some(h) if worst != Status::Pass => {
+                    format!("{}: {} (fix: {h})", c.subject, c.evidence)
+                }
+                _ => format!("{}: {}", c.subject, c.evidence),
+            })
+            .collect();
+        let (status, reason) = match worst {
+            Status::Fail => (ConditionStatus::False, "CheckFailed"),
+            Status::Warn => (ConditionStatus::True, "Warning"),
+            Status::Pass => (ConditionStatus::True, "Passed"),
+            Status::Skip => (ConditionStatus::Unknown, "NotChecked"),
+        };
+        let mut c = Condition::new(type_, true, reason, shown.join("; "));
+        c.status = status;
+        out.push(c);
+    }
+    out
+}
+
+/// What the doctor gets on a node: the agent's own observations for PFC,
+/// live addresses, the runtime's memlock from the host root.
+pub fn net_state(
+    status: &RdmaNodeStateStatus,
+    ipv4: BTreeMap<String, Vec<Ipv4Addr>>,
+    root: &sriov_helpers::HostRoot,
+) -> NetState {
+    let mut pfc_enabled = BTreeMap::new();
+    for pf in &status.pfs {
+        if let (Some(n), Some(q)) = (&pf.if_name, &pf.qos) {
+            pfc_enabled.insert(n.clone(), q.pfc_priorities.clone());
+        }
+    }
+    NetState {
+        ipv4,
+        pfc_enabled,
+        memlock: crate::doctor::runtime_memlock(root).map(|(_, m)| m),
+        ..Default::default()
+    }
+}
+
+/// The checks on the PFs and soft devices the spec configures.
+pub fn doctor_options(spec: &RdmaNodeStateSpec) -> Option<DoctorOptions> {
+    let mut pf_names: Vec<String> = spec.pfs.iter().map(|p| p.if_name.clone()).collect();
+    pf_names.extend(
+        spec.soft_devices
+            .iter()
+            .flat_map(|g| g.if_names.iter().cloned()),
+    );
+    if pf_names.is_empty() {
+        return None;
+    }
+    let roce_priority = spec
+        .pfs
+        .iter()
+        .find_map(|p| p.qos.as_ref().map(|q| q.pfc_priority))
+        .unwrap_or(3);
+    Some(DoctorOptions {
+        roce_priority,
+        pf_names,
+        ..Default::default()
+    })
+}
+
+/// The checks' state between passes (the previous counter snapshot).
+#[derive(Debug, Clone)]
+pub struct NodeChecks {
+    pub config: NodeChecksConfig,
+    pub counters: Counters,
+    previous: Option<CounterSnapshot>,
+}
+
+impl NodeChecks {
+    pub fn new(config: NodeChecksConfig, counters: Counters) -> Self {
+        NodeChecks {
+            config,
+            counters,
+            previous: None,
+        }
+    }
+
+    /// The conditions for this pass. `ipv4` is the host namespace's addresses.
+    pub fn conditions(
+        &mut self,
+        spec: &RdmaNodeStateSpec,
+        status: &RdmaNodeStateStatus,
+        ipv4: BTreeMap<String, Vec<Ipv4Addr>>,
+        taken_at_ms: u64,
+    ) -> Vec<Condition> {
+        let root = self.counters.root.clone();
+        let host = Host::scan(&root);
+        let nri = nri_reachable(&self.config.nri_socket);
+        let mut out = vec![nri_condition(&nri)];
+        if let Some(opts) = doctor_options(spec) {
+            let net = net_state(status, ipv4, &root);
+            let report = crate::doctor::report(&host, &root, &net, &opts, &nri);
+            out.extend(doctor_conditions(&report));
+        }
+        let snap = self.counters.snapshot(&host, taken_at_ms);
+        if let Some(prev) = &self.previous
+            && let Ok(c) = congestion_condition(prev, &snap, &self.config.congestion)
+        {
+            out.push(Condition::new(
+                &c.condition_type,
+                c.status,
+                &c.reason,
+                c.message,
+            ));
+        }
+        self.previous = Some(snap);
+        out
+    }
+
+    /// [`Self::conditions`] on the live host, now.
+    pub fn conditions_now(
+        &mut self,
+        spec: &RdmaNodeStateSpec,
+        status: &RdmaNodeStateStatus,
+    ) -> Vec<Condition> {
+        self.conditions(spec, status, crate::doctor::live_ipv4(), now_ms())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::counters::{CounterScope, EthtoolSource, NoEthtool};
+    use crate::controller::http::append_families;
+    use crate::crd::{ObservedPf, ObservedQos, PfConfig, QosSpec};
+    use sriov_helpers::PciAddress;
+    use sriov_helpers::fixture::FixtureHost;
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    fn write(path: &Path, content: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+
+    fn rdma_of(fx: &FixtureHost, pci: &str) -> String {
+        let host = Host::scan(&fx.root());
+        let a: PciAddress = pci.parse().unwrap();
+        host.rdma_of_pci(&a).unwrap().name.clone()
+    }
+
+    fn set_hw(fx: &FixtureHost, dev: &str, name: &str, v: u64) {
+        write(
+            &fx.path().join(format!(
+                "sys/class/infiniband/{dev}/ports/1/hw_counters/{name}"
+            )),
+            &format!("{v}\n"),
+        );
+    }
+
+    /// `ethtool -S` answers that tests change between passes.
+    #[derive(Default)]
+    struct FakeEthtool(Mutex<BTreeMap<String, String>>);
+
+    impl FakeEthtool {
+        fn set(&self, ifname: &str, rx_prio3_pause: u64, rx_discards_phy: u64) {
+            self.0.lock().unwrap().insert(
+                ifname.into(),
+                format!(
+                    "NIC statistics:\n     rx_packets: 1\n     rx_prio3_pause: {rx_prio3_pause}\n     tx_prio3_pause: 0\n     rx_discards_phy: {rx_discards_phy}\n"
+                ),
+            );
+        }
+    }
+
+    impl EthtoolSource for FakeEthtool {
+        fn stats(&self, ifname: &str) -> Option<String> {
+            self.0.lock().unwrap().get(ifname).cloned()
+        }
+    }
+
+    fn counters(fx: &FixtureHost, scope: CounterScope, e: Arc<dyn EthtoolSource>) -> Counters {
+        Counters {
+            root: fx.root(),
+            node: "n1".into(),
+            scope,
+            ethtool: e,
+        }
+    }
+
+    fn checks(fx: &FixtureHost, e: Arc<dyn EthtoolSource>, nri: PathBuf) -> NodeChecks {
+        NodeChecks::new(
+            NodeChecksConfig {
+                nri_socket: nri,
+                congestion: CongestionLimits {
+                    max_pause_frames_per_sec: 100.0,
+                    max_discards_per_sec: 10.0,
+                },
+            },
+            counters(fx, CounterScope::Pfs, e),
+        )
+    }
+
+    fn spec() -> RdmaNodeStateSpec {
+        RdmaNodeStateSpec {
+            node_name: "n1".into(),
+            pfs: vec![PfConfig {
+                pci_address: "0000:3b:00.0".into(),
+                if_name: "ens1f0".into(),
+                num_vfs: 8,
+                mtu: None,
+                vf_groups: Vec::new(),
+                irq_affinity: Default::default(),
+                qos: Some(QosSpec::default()),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn status_with_pfc(prios: Vec<u8>) -> RdmaNodeStateStatus {
+        RdmaNodeStateStatus {
+            pfs: vec![ObservedPf {
+                pci_address: "0000:3b:00.0".into(),
+                if_name: Some("ens1f0".into()),
+                qos: Some(ObservedQos {
+                    pfc_priorities: prios,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn find<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
+        cs.iter()
+            .find(|c| c.type_ == t)
+            .unwrap_or_else(|| panic!("no {t} in {cs:#?}"))
+    }
+
+    #[test]
+    fn metrics_export_pf_and_soft_device_counters_as_openmetrics() {
+        let mut fx = FixtureHost::connectx6dx_pair().unwrap();
+        fx.add_rxe("rxe0", "eth9").unwrap();
+        let pf = rdma_of(&fx, "0000:3b:00.0");
+        let vf = rdma_of(&fx, "0000:3b:00.2");
+        for dev in [&pf, &vf, &"rxe0".to_string()] {
+            set_hw(&fx, dev, "np_cnp_sent", 42);
+            set_hw(&fx, dev, "out_of_sequence", 3);
+        }
+        let e = Arc::new(FakeEthtool::default());
+        e.set("ens1f0", 17, 2);
+        let text = counters(&fx, CounterScope::Pfs, e.clone()).metrics_text();
+        assert!(
+            text.contains(&format!(
+                "kroce_rdma_hw_np_cnp_sent_total{{node=\"n1\",device=\"{pf}\",port=\"1\"}} 42"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("device=\"rxe0\""),
+            "soft devices count: {text}"
+        );
+        assert!(
+            !text.contains(&format!("device=\"{vf}\"")),
+            "VFs only with --rdma-counters all"
+        );
+        assert!(
+            text.contains("# TYPE kroce_rdma_hw_np_cnp_sent counter\n"),
+            "{text}"
+        );
+        assert!(!text.contains("_total counter"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "kroce_rdma_pause_frames_total{{node=\"n1\",device=\"{pf}\",port=\"1\",netdev=\"ens1f0\",direction=\"rx\",priority=\"3\"}} 17"
+            )),
+            "{text}"
+        );
+        let all = counters(&fx, CounterScope::All, e.clone()).metrics_text();
+        assert!(all.contains(&format!("device=\"{vf}\"")));
+        assert!(
+            counters(&fx, CounterScope::Off, e)
+                .metrics_text()
+                .is_empty()
+        );
+        // One exposition with the agent's own metrics, # EOF last.
+        let mut reg = prometheus_client::registry::Registry::default();
+        crate::agent::run::AgentMetrics::default().register(&mut reg);
+        let mut own = String::new();
+        prometheus_client::encoding::text::encode(&mut own, &reg).unwrap();
+        let body = append_families(&own, &text);
+        assert!(body.ends_with("# EOF\n") && body.matches("# EOF").count() == 1);
+        assert!(body.contains("kroce_agent_passes_total") && body.contains("np_cnp_sent"));
+    }
+
+    #[test]
+    fn congestion_condition_follows_pause_and_discard_rates() {
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let e = Arc::new(FakeEthtool::default());
+        let dir = tempfile::tempdir().unwrap();
+        let mut nc = checks(&fx, e.clone(), dir.path().join("nri.sock"));
+        let (sp, st) = (spec(), status_with_pfc(vec![3]));
+        e.set("ens1f0", 1000, 0);
+        let first = nc.conditions(&sp, &st, BTreeMap::new(), 1_000);
+        assert!(
+            !first.iter().any(|c| c.type_ == "RdmaFabricCongestion"),
+            "no rate from one snapshot"
+        );
+        // 10,000 pause frames in 10 s: 1000/s > 100/s.
+        e.set("ens1f0", 11_000, 5);
+        let cs = nc.conditions(&sp, &st, BTreeMap::new(), 11_000);
+        let c = find(&cs, "RdmaFabricCongestion");
+        assert!(c.is_true());
+        assert_eq!(c.reason, "PauseFramesGrowing");
+        assert!(
+            c.message.contains("ens1f0") && c.message.contains("rx_prio3_pause"),
+            "{}",
+            c.message
+        );
+        // Discards too fast as well.
+        e.set("ens1f0", 11_010, 1_000);
+        let cs = nc.conditions(&sp, &st, BTreeMap::new(), 21_000);
+        assert_eq!(find(&cs, "RdmaFabricCongestion").reason, "DiscardsGrowing");
+        // Quiet again.
+        e.set("ens1f0", 11_020, 1_001);
+        let cs = nc.conditions(&sp, &st, BTreeMap::new(), 31_000);
+        let c = find(&cs, "RdmaFabricCongestion");
+        assert!(!c.is_true());
+        assert_eq!(c.reason, "CountersNormal");
+    }
+
+    #[test]
+    fn nri_condition_says_what_to_do_when_unreachable() {
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("nri.sock");
+        let mut nc = checks(&fx, Arc::new(NoEthtool), sock.clone());
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 1);
+        let c = find(&cs, NRI_CONDITION);
+        assert!(!c.is_true());
+        assert!(c.message.contains("nri.sock") && c.message.contains("LimitMEMLOCK=infinity"));
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 2);
+        let c = find(&cs, NRI_CONDITION);
+        assert!(c.is_true() && c.reason == "Reachable");
+    }
+
+    #[test]
+    fn doctor_conditions_on_a_fixture_host() {
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let pf = rdma_of(&fx, "0000:3b:00.0");
+        let dir = tempfile::tempdir().unwrap();
+        let mut nc = checks(&fx, Arc::new(NoEthtool), dir.path().join("nri.sock"));
+        // The runtime hands containers 8 MiB.
+        write(&fx.path().join("proc/812/comm"), "containerd\n");
+        write(
+            &fx.path().join("proc/812/limits"),
+            "Max locked memory         8388608              8388608              bytes\n",
+        );
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        fx.add_ipv4_gid(&pf, 2, ip, "ens1f0").unwrap();
+        let ipv4 = BTreeMap::from([("ens1f0".to_string(), vec![ip])]);
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), ipv4.clone(), 1);
+        assert_eq!(find(&cs, "RdmaLinkActive").status, ConditionStatus::True);
+        let gid = find(&cs, "RoceV2GidPresent");
+        assert!(
+            gid.is_true() && gid.message.contains("GID index 3"),
+            "{gid:?}"
+        );
+        assert_eq!(find(&cs, "PfcConfigured").status, ConditionStatus::True);
+        let m = find(&cs, "MemlockSufficient");
+        assert_eq!(m.status, ConditionStatus::False, "{m:?}");
+        assert!(
+            m.message.contains("8 MiB") && m.message.contains("fix:"),
+            "{}",
+            m.message
+        );
+        // A dead port and PFC on the wrong priority.
+        fx.set_port_state(&pf, "1: DOWN").unwrap();
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![0]), ipv4.clone(), 2);
+        let link = find(&cs, "RdmaLinkActive");
+        assert_eq!(link.status, ConditionStatus::False);
+        assert!(
+            link.message.contains(&pf) && link.message.contains("DOWN"),
+            "{}",
+            link.message
+        );
+        assert_eq!(find(&cs, "PfcConfigured").status, ConditionStatus::False);
+        // PFC also on another priority: a warning, still True.
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![0, 3]), ipv4, 3);
+        let pfc = find(&cs, "PfcConfigured");
+        assert_eq!(
+            (pfc.status, pfc.reason.as_str()),
+            (ConditionStatus::True, "Warning")
+        );
+        // No address known: the GID check cannot tell.
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 4);
+        assert_eq!(
+            find(&cs, "RoceV2GidPresent").status,
+            ConditionStatus::Unknown
+        );
+        // Nothing configured by kroce: no doctor conditions, NRI still reported.
+        let cs = nc.conditions(
+            &RdmaNodeStateSpec::default(),
+            &RdmaNodeStateStatus::default(),
+            BTreeMap::new(),
+            5,
+        );
+        assert_eq!(
+            cs.len(),
+            1 + usize::from(cs.iter().any(|c| c.type_ == "RdmaFabricCongestion"))
+        );
+    }
+}
