@@ -35,4 +35,6 @@ run_in "kroce-node:$tag" /usr/bin/env CNI_COMMAND=VERSION /usr/local/bin/kroce-c
 # perftest prints its version but exits 1 for --version.
 run_in "kroce-perftest:$tag" /bin/sh -c "ib_write_bw --version | grep -q Version && command -v ib_read_lat"
 run_in "kroce-perftest:$tag" /bin/sh -n /usr/local/bin/kroce-gid-index
+run_in "kroce-perftest:$tag" /usr/local/bin/kroce-perftest-run --version
+run_in "kroce-node:$tag" /usr/sbin/ethtool --version
 exit "$fail"

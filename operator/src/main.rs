@@ -149,6 +149,9 @@ enum Cmd {
 
 fn init_tracing() {
     tracing_subscriber::fmt()
+        // No colour codes in container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
