@@ -277,6 +277,10 @@ pub struct AdmissionInput {
     /// Finished runs by id.
     pub outcomes: BTreeMap<String, RunOutcome>,
     pub now: UnixSeconds,
+    /// Nodes under test for other networks right now: the concurrency limit
+    /// is cluster-wide, so they take slots from this plan too.
+    #[serde(default)]
+    pub testing_elsewhere: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -638,7 +642,14 @@ pub fn plan(
 
     // 5. Start runs within the concurrency limit.
     if policy.enabled {
-        start_runs(&views, &mut next, &candidates, policy, now, &mut actions);
+        start_runs(
+            &views,
+            &mut next,
+            &candidates,
+            policy,
+            (now, input.testing_elsewhere),
+            &mut actions,
+        );
     }
 
     // 6. Marks follow the phase; re-assert when the observed mark differs.
@@ -666,12 +677,12 @@ fn start_runs(
     next: &mut BTreeMap<String, NodeAdmission>,
     candidates: &[&str],
     policy: &AdmissionPolicy,
-    now: UnixSeconds,
+    (now, testing_elsewhere): (UnixSeconds, u32),
     actions: &mut Vec<Action>,
 ) {
     // Nodes already in a run, as subject or as the other end.
     let mut busy: BTreeSet<String> = BTreeSet::new();
-    let mut testing = 0u32;
+    let mut testing = testing_elsewhere;
     for st in next.values() {
         if let AdmissionPhase::Testing { run, .. } = &st.phase {
             busy.insert(run.server_node.clone());

@@ -83,6 +83,7 @@ fn apply(
         pod_runs: pods,
         outcomes: BTreeMap::new(),
         now,
+        testing_elsewhere: prev.testing_elsewhere,
     }
 }
 
@@ -674,6 +675,44 @@ fn concurrency_limit_and_peer_spread() {
             .as_deref()
             .unwrap()
             .contains("admitted peer")
+    );
+}
+
+#[test]
+fn runs_of_other_networks_take_slots_from_the_cluster_wide_limit() {
+    let mut nodes: Vec<NodeView> = (0..4)
+        .map(|i| node(&format!("adm{i}"), admitted(1), true, Some(true)))
+        .collect();
+    nodes.extend((0..4).map(|i| {
+        node(
+            &format!("new{i}"),
+            AdmissionPhase::Pending,
+            true,
+            Some(false),
+        )
+    }));
+    let pol = AdmissionPolicy {
+        max_concurrent_nodes: 3,
+        ..policy()
+    };
+    let i = AdmissionInput {
+        testing_elsewhere: 2,
+        ..input(nodes, 1000)
+    };
+    let p = plan(&i, &pol).unwrap();
+    assert_eq!(creates(&p).len(), 1, "3 slots, 2 taken by another network");
+    let full = AdmissionInput {
+        testing_elsewhere: 3,
+        ..i
+    };
+    let p = plan(&full, &pol).unwrap();
+    assert!(creates(&p).is_empty());
+    assert!(
+        p.nodes["new0"]
+            .waiting
+            .as_deref()
+            .unwrap()
+            .contains("3 of 3")
     );
 }
 

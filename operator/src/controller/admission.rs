@@ -806,7 +806,15 @@ async fn run_network(
             outcomes.insert(id.clone(), o);
         }
     }
+    // The concurrency limit is cluster-wide: runs of other networks count.
+    let testing_elsewhere = entries
+        .values()
+        .flatten()
+        .filter(|e| e.network != name)
+        .filter(|e| matches!(record(e).phase, AdmissionPhase::Testing { .. }))
+        .count() as u32;
     let input = AdmissionInput {
+        testing_elsewhere,
         nodes: views,
         pod_runs: by_run.keys().map(|s| s.to_string()).collect(),
         outcomes,
