@@ -52,9 +52,18 @@ helm install kroce "$repo/charts/kroce" --namespace kroce-system --create-namesp
   --values "$here/values-kind.yaml" --set image.operator.tag="$tag" \
   --set image.node.tag="$tag" --set image.perftest.tag="$tag" --wait --timeout 5m
 
-log "RdmaNetwork over rxe"
+log "RdmaNetwork over rxe; admission perftests between the workers"
 kubectl apply -f "$here/rdmanetwork-rxe.yaml"
 kubectl wait rdmanetwork/rxe --for=condition=Ready --timeout=10m
+for node in $(kind get nodes --name "$cluster" | grep worker); do
+  kubectl wait "rdmanodestate/$node" --for=jsonpath='{.status.admissionPhase}'=Admitted --timeout=10m
+  # Admitted nodes lose the admission taint.
+  if kubectl get node "$node" -o jsonpath='{.spec.taints[*].key}' | grep -q kroce.io/rdma-unready; then
+    echo "$node is admitted but still tainted" >&2
+    exit 1
+  fi
+done
+kubectl get rdmanodestates -o wide
 
 log "two pods, ib_write_bw between them"
 kubectl apply -f "$here/pods-rxe.yaml"
