@@ -37,40 +37,39 @@ impl CpuList {
     }
 }
 
+/// Parses the kernel's `0-3,8,10-11` index-list syntax (CPU lists, VF
+/// ranges) into a set; `what` names the items in errors ("CPU", "VF index").
+pub(crate) fn parse_index_list(text: &str, what: &str, max: u32) -> Result<BTreeSet<u32>, String> {
+    let mut set = BTreeSet::new();
+    for part in text.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let bad = || format!("{part:?} is not a {what} or range");
+        let lo: u32 = lo.trim().parse().map_err(|_| bad())?;
+        let hi: u32 = hi.trim().parse().map_err(|_| bad())?;
+        if lo > hi {
+            return Err(format!("range {part:?} is backwards"));
+        }
+        if hi > max {
+            return Err(format!("{what} {hi} is above {max}"));
+        }
+        set.extend(lo..=hi);
+    }
+    Ok(set)
+}
+
 impl FromStr for CpuList {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason: String| ParseError::CpuList {
-            value: s.to_string(),
-            reason,
-        };
-        let mut set = BTreeSet::new();
         let t = s.trim();
         if t.is_empty() {
-            return Ok(CpuList(set));
+            return Ok(CpuList(BTreeSet::new()));
         }
-        for part in t.split(',') {
-            let (lo, hi) = match part.split_once('-') {
-                Some((a, b)) => (a, b),
-                None => (part, part),
-            };
-            let lo: u32 = lo
-                .trim()
-                .parse()
-                .map_err(|_| err(format!("{part:?} is not a CPU number or range")))?;
-            let hi: u32 = hi
-                .trim()
-                .parse()
-                .map_err(|_| err(format!("{part:?} is not a CPU number or range")))?;
-            if lo > hi {
-                return Err(err(format!("range {part:?} is backwards")));
-            }
-            if hi > MAX_CPU {
-                return Err(err(format!("CPU {hi} is above {MAX_CPU}")));
-            }
-            set.extend(lo..=hi);
-        }
-        Ok(CpuList(set))
+        parse_index_list(t, "CPU", MAX_CPU)
+            .map(CpuList)
+            .map_err(|reason| ParseError::CpuList {
+                value: s.to_string(),
+                reason,
+            })
     }
 }
 

@@ -63,28 +63,9 @@ impl FromStr for PfSelector {
         }
         let vfs = match ranges {
             None => None,
+            Some("") => return Err(err("empty range after '#'".into())),
             Some(r) => {
-                if r.is_empty() {
-                    return Err(err("empty range after '#'".into()));
-                }
-                let mut set = BTreeSet::new();
-                for part in r.split(',') {
-                    let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-                    let lo: u32 = lo
-                        .parse()
-                        .map_err(|_| err(format!("{part:?} is not a VF index or range")))?;
-                    let hi: u32 = hi
-                        .parse()
-                        .map_err(|_| err(format!("{part:?} is not a VF index or range")))?;
-                    if lo > hi {
-                        return Err(err(format!("range {part:?} is backwards")));
-                    }
-                    if hi > MAX_VF_INDEX {
-                        return Err(err(format!("VF index {hi} is above {MAX_VF_INDEX}")));
-                    }
-                    set.extend(lo..=hi);
-                }
-                Some(set)
+                Some(crate::cpulist::parse_index_list(r, "VF index", MAX_VF_INDEX).map_err(err)?)
             }
         };
         Ok(PfSelector {
