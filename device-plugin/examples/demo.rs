@@ -51,6 +51,16 @@ fn list(dir: &Path) -> Vec<String> {
 /// Runs the demo; returns the paths that still exist afterwards.
 async fn demo() -> anyhow::Result<Vec<String>> {
     let host = FixtureHost::connectx6dx_pair().context("building the fixture host")?;
+    // The first VF already has an IPv4 address: the kernel put its RoCE v2
+    // GID at index 3 (after the two link-local GIDs and the v1 one); the
+    // plugin reads it from the table instead of assuming it.
+    host.add_ipv4_gid(
+        "mlx5_1",
+        2,
+        std::net::Ipv4Addr::new(192, 168, 100, 10),
+        "ens1f0v0",
+    )
+    .context("adding a GID")?;
     let work = tempfile::Builder::new().prefix("kroce-demo-").tempdir()?;
     let kubelet_dir = work.path().join("device-plugins");
     let devinfo_dir = work.path().join("devinfo");
