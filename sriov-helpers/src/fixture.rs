@@ -359,6 +359,26 @@ impl FixtureHost {
         write(&dir.join("vendor"), &format!("0x{:04x}\n", spec.vendor))?;
         write(&dir.join("device"), &format!("0x{device:04x}\n"))?;
         write(&dir.join("class"), &format!("0x{ETHERNET_CLASS:06x}\n"))?;
+        write(
+            &dir.join("subsystem_vendor"),
+            &format!("0x{:04x}\n", spec.vendor),
+        )?;
+        write(&dir.join("subsystem_device"), "0x0016\n")?;
+        write(&dir.join("revision"), "0x00\n")?;
+        // What rdma-core's provider matching and udev read first.
+        write(
+            &dir.join("modalias"),
+            &format!(
+                "pci:v{:08X}d{:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}\n",
+                spec.vendor,
+                device,
+                spec.vendor,
+                0x0016,
+                (ETHERNET_CLASS >> 16) & 0xff,
+                (ETHERNET_CLASS >> 8) & 0xff,
+                ETHERNET_CLASS & 0xff
+            ),
+        )?;
         let numa = spec.numa_node.map_or(-1i64, i64::from);
         write(&dir.join("numa_node"), &format!("{numa}\n"))?;
         write(
@@ -418,6 +438,11 @@ impl FixtureHost {
             write(&ib.join("parent"), &format!("{netdev}\n"))?;
         }
         write(&ib.join("node_type"), "1: CA\n")?;
+        let guid = node_guid(mac);
+        write(&ib.join("node_guid"), &format!("{guid}\n"))?;
+        write(&ib.join("sys_image_guid"), &format!("{guid}\n"))?;
+        write(&ib.join("fw_ver"), "22.39.1002\n")?;
+        write(&ib.join("hca_type"), "MT4125\n")?;
         let port = ib.join("ports/1");
         write(&port.join("state"), "4: ACTIVE\n")?;
         write(&port.join("phys_state"), "5: LinkUp\n")?;
@@ -455,6 +480,8 @@ impl FixtureHost {
             .join("infiniband_verbs")
             .join(format!("uverbs{n}"));
         write(&uv.join("ibdev"), &format!("{name}\n"))?;
+        // The uverbs ABI libibverbs checks against its provider (mlx5: 1).
+        write(&uv.join("abi_version"), "1\n")?;
         write(&uv.join("dev"), &format!("231:{}\n", 192 + n))?;
         rel_symlink(
             &uv,
@@ -779,6 +806,21 @@ pub struct BrokenParts {
     pub bad_numa_vf: PciAddress,
     pub dangling_netdev: String,
     pub no_ibdev_uverbs: String,
+}
+
+/// The node GUID (EUI-64 of the MAC) in sysfs' `xxxx:xxxx:xxxx:xxxx` form.
+fn node_guid(mac: &str) -> String {
+    let b: Vec<u8> = mac
+        .split(':')
+        .filter_map(|x| u8::from_str_radix(x, 16).ok())
+        .collect();
+    if b.len() != 6 {
+        return "0000:0000:0000:0001".into();
+    }
+    format!(
+        "{:02x}{:02x}:{:02x}ff:fe{:02x}:{:02x}{:02x}",
+        b[0], b[1], b[2], b[3], b[4], b[5]
+    )
 }
 
 /// `fe80::<EUI-64 of mac>` in the kernel's 8x4-hex GID notation.
