@@ -46,6 +46,13 @@ impl Host {
 
     pub fn scan_with(root: &HostRoot, opts: ScanOptions) -> Host {
         let mut host = Host::default();
+        // A wrong --host-root would otherwise look like a host without NICs.
+        if !root.pci_devices().is_dir() {
+            host.errors.push(HostError::NotFound {
+                path: root.pci_devices(),
+                what: "PCI device directory (is the sysfs root right?)",
+            });
+        }
         match list_pci_addresses(root) {
             Ok(addrs) => {
                 for addr in addrs {

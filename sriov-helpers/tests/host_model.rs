@@ -261,3 +261,15 @@ fn bench_sized_fixture_scans_clean() {
     assert_eq!(host.vfs().count(), 128);
     assert_eq!(host.rdma.len(), 130);
 }
+
+#[test]
+fn a_wrong_root_is_reported_not_taken_for_an_empty_host() {
+    let host = Host::scan(&HostRoot::new("/nonexistent-kroce-root"));
+    assert!(host.pci.is_empty());
+    let msgs: Vec<String> = host.errors.iter().map(|e| e.to_string()).collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("/nonexistent-kroce-root/sys/bus/pci/devices")),
+        "{msgs:?}"
+    );
+}
