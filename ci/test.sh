@@ -31,12 +31,13 @@ if [ "${KROCE_SKIP_IMAGES:-0}" != 1 ]; then
 fi
 
 step "cargo test (workspace)"
+out=$(mktemp)
 set +e
-cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.txt
+cargo test --workspace --all-features --no-fail-fast 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 set -e
-passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$out" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' "$out" | awk '{s+=$1} END {print s+0}')
 echo
 echo "${passed} passed, ${failed} failed"
 [ "$failed" = 0 ] && [ "$rc" = 0 ]
