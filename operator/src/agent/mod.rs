@@ -22,4 +22,6 @@ pub use links::LinkControl;
 pub use vfs::VfControl;
 
 #[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod tests;

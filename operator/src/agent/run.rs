@@ -1,18 +1,21 @@
 //! The agent's Kubernetes loop: watch this node's `RdmaNodeState`, apply it
 //! on change and every `resync` (drift repair), report status through
-//! server-side apply, only when it changed.
+//! server-side apply, only when it changed. API errors are logged and
+//! retried at the next change or resync, never fatal. [`run_with`] is the
+//! loop over given host edges and a shutdown future (tests drive it on
+//! fixture hosts).
 
 use super::apply::{Agent, AgentConfig};
-use super::dcb::{NetlinkDcb, SocketTransport};
+use super::dcb::{Dcb, NetlinkDcb, SocketTransport};
 use super::holders::{NETWORK_STATUS_ANNOTATION, PodSnapshot, VfHolders};
-use super::links::RtnetlinkLinks;
-use super::vfs::SysfsVfControl;
+use super::links::{LinkControl, RtnetlinkLinks};
+use super::vfs::{SysfsVfControl, VfControl};
 use crate::crd::conditions::stamp_transitions;
 use crate::crd::{RdmaNodeState, RdmaNodeStateStatus};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -115,38 +118,95 @@ fn same_report(a: &RdmaNodeStateStatus, b: &RdmaNodeStateStatus) -> bool {
     a == b
 }
 
+/// The host edges the loop drives; [`run`] builds the real ones, tests
+/// pass fakes over a fixture host.
+#[derive(Clone)]
+pub struct HostEdges {
+    pub vfs: Arc<dyn VfControl>,
+    pub links: Arc<dyn LinkControl>,
+    pub dcb: Arc<dyn Dcb>,
+}
+
+impl std::fmt::Debug for HostEdges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostEdges").finish_non_exhaustive()
+    }
+}
+
+/// The `node-agent` loop on the real host (sysfs writes, rtnetlink, DCB
+/// netlink) until SIGTERM.
 pub async fn run(client: Client, cfg: RunConfig, metrics: AgentMetrics) -> anyhow::Result<()> {
+    let edges = HostEdges {
+        vfs: Arc::new(SysfsVfControl {
+            root: cfg.agent.root.clone(),
+            timeout: cfg.vf_write_timeout,
+        }),
+        links: Arc::new(RtnetlinkLinks::new()?),
+        dcb: Arc::new(NetlinkDcb::new(SocketTransport::new()?)),
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let terminated = async move {
+        term.recv().await;
+    };
+    run_with(client, cfg, edges, metrics, terminated).await
+}
+
+/// Stops the watch task when the loop returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The loop itself, over the given edges, until `shutdown` completes.
+pub async fn run_with(
+    client: Client,
+    cfg: RunConfig,
+    edges: HostEdges,
+    metrics: AgentMetrics,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let api: Api<RdmaNodeState> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
-    let vfs = Arc::new(SysfsVfControl {
-        root: cfg.agent.root.clone(),
-        timeout: cfg.vf_write_timeout,
-    });
-    let links = Arc::new(RtnetlinkLinks::new()?);
-    let dcb = Arc::new(NetlinkDcb::new(SocketTransport::new()?));
+    let HostEdges { vfs, links, dcb } = edges;
     let agent_cfg = Arc::new(cfg.agent.clone());
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
     let wc = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
     let watch_api = api.clone();
-    tokio::spawn(async move {
-        let mut stream = watcher(watch_api, wc).boxed();
+    let _watch = AbortOnDrop(tokio::spawn(async move {
+        // Backoff: a failing watch is retried in moments, not in a tight loop.
+        let mut stream = watcher(watch_api, wc).default_backoff().boxed();
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(_) => w.notify_one(),
                 Err(e) => tracing::warn!(error = %e, "watch of RdmaNodeState"),
             }
         }
-    });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    }));
+    tokio::pin!(shutdown);
     let mut checks = cfg.checks.clone();
     loop {
-        let Some(state) = api.get_opt(&cfg.node_name).await? else {
-            tracing::info!(node = %cfg.node_name, "no RdmaNodeState yet (no RdmaNetwork selects this node)");
+        let state = match api.get_opt(&cfg.node_name).await {
+            Ok(Some(state)) => Some(state),
+            Ok(None) => {
+                tracing::info!(node = %cfg.node_name, "no RdmaNodeState yet (no RdmaNetwork selects this node)");
+                None
+            }
+            // An API server restart must not restart every agent: try again
+            // at the next change or resync.
+            Err(e) => {
+                tracing::warn!(node = %cfg.node_name, error = %e, "cannot read RdmaNodeState");
+                None
+            }
+        };
+        let Some(state) = state else {
             tokio::select! {
                 _ = wake.notified() => continue,
                 _ = tokio::time::sleep(cfg.resync) => continue,
-                _ = term.recv() => return Ok(()),
+                _ = &mut shutdown => return Ok(()),
             }
         };
         let prev = state.status.clone().unwrap_or_default();
@@ -201,7 +261,7 @@ pub async fn run(client: Client, cfg: RunConfig, metrics: AgentMetrics) -> anyho
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(cfg.resync) => {}
-            _ = term.recv() => return Ok(()),
+            _ = &mut shutdown => return Ok(()),
         }
     }
 }

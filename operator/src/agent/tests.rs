@@ -13,12 +13,13 @@ use crate::crd::{
 use sriov_helpers::fixture::FixtureHost;
 use sriov_helpers::{CpuList, Host, PciAddress};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-const PF0: &str = "0000:3b:00.0";
-const PF1: &str = "0000:86:00.0";
+pub(super) const PF0: &str = "0000:3b:00.0";
+pub(super) const PF1: &str = "0000:86:00.0";
 
-fn pci(s: &str) -> PciAddress {
+pub(super) fn pci(s: &str) -> PciAddress {
     s.parse().unwrap()
 }
 
@@ -56,16 +57,18 @@ fn lay_out_kernel_files(host: &FixtureHost) {
     }
 }
 
-struct Rig {
-    kernel: FixtureKernel,
-    links: FixtureLinks,
-    dcb: FakeDcb,
-    config: AgentConfig,
-    path: PathBuf,
+/// A fixture host with the fake edges; shared (`Arc`) so the agent's
+/// Kubernetes loop can drive them too.
+pub(super) struct Rig {
+    pub(super) kernel: Arc<FixtureKernel>,
+    pub(super) links: Arc<FixtureLinks>,
+    pub(super) dcb: Arc<FakeDcb>,
+    pub(super) config: AgentConfig,
+    pub(super) path: PathBuf,
 }
 
 impl Rig {
-    fn new() -> Rig {
+    pub(super) fn new() -> Rig {
         let host = FixtureHost::connectx6dx_pair().unwrap();
         lay_out_kernel_files(&host);
         let path = host.path().to_path_buf();
@@ -79,9 +82,9 @@ impl Rig {
         let mut kernel = FixtureKernel::new(host);
         kernel.after_write = Some(lay_out_kernel_files);
         Rig {
-            kernel,
-            links,
-            dcb: FakeDcb::default(),
+            kernel: Arc::new(kernel),
+            links: Arc::new(links),
+            dcb: Arc::new(FakeDcb::default()),
             config,
             path,
         }
@@ -90,9 +93,9 @@ impl Rig {
     fn agent(&self) -> Agent<'_> {
         Agent {
             config: &self.config,
-            vfs: &self.kernel,
-            links: &self.links,
-            dcb: &self.dcb,
+            vfs: &*self.kernel,
+            links: &*self.links,
+            dcb: &*self.dcb,
         }
     }
 
@@ -101,19 +104,19 @@ impl Rig {
         self.agent().apply(spec, &managed, &PodSnapshot::default())
     }
 
-    fn file(&self, rel: &str) -> String {
+    pub(super) fn file(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path.join(rel))
             .unwrap()
             .trim()
             .to_string()
     }
 
-    fn host(&self) -> Host {
+    pub(super) fn host(&self) -> Host {
         Host::scan(&self.config.root)
     }
 }
 
-fn pf_config(addr: &str, ifname: &str, num_vfs: u32) -> PfConfig {
+pub(super) fn pf_config(addr: &str, ifname: &str, num_vfs: u32) -> PfConfig {
     PfConfig {
         pci_address: addr.into(),
         if_name: ifname.into(),
@@ -137,7 +140,7 @@ fn pf_config(addr: &str, ifname: &str, num_vfs: u32) -> PfConfig {
     }
 }
 
-fn spec() -> RdmaNodeStateSpec {
+pub(super) fn spec() -> RdmaNodeStateSpec {
     RdmaNodeStateSpec {
         node_name: "n1".into(),
         pfs: vec![pf_config(PF0, "ens1f0", 4), pf_config(PF1, "ens2f0", 8)],
@@ -154,7 +157,7 @@ fn condition<'a>(o: &'a ApplyOutcome, t: &str) -> &'a crate::crd::Condition {
 }
 
 /// IRQs of every function of a PF (PF and VFs), each with its affinity.
-fn irq_affinities(host: &Host, pf: &str, root: &Path) -> Vec<(String, u32, CpuList)> {
+pub(super) fn irq_affinities(host: &Host, pf: &str, root: &Path) -> Vec<(String, u32, CpuList)> {
     let pf = pci(pf);
     let mut devs = vec![host.pci[&pf].clone()];
     for (_, vf) in &host.pci[&pf].sriov.as_ref().unwrap().vfs {
@@ -531,8 +534,8 @@ fn vfs_that_never_appear_time_out_with_what_is_missing() {
     let agent = Agent {
         config: &config,
         vfs: &ctl,
-        links: &rig.links,
-        dcb: &rig.dcb,
+        links: &*rig.links,
+        dcb: &*rig.dcb,
     };
     let mut s = spec();
     s.pfs[1].num_vfs = 16;

@@ -17,7 +17,7 @@ mod sync;
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
-mod mock;
+pub(crate) mod mock;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,674 @@
+//! The node agent's Kubernetes loop ([`run_with`], what `node-agent` runs)
+//! on a fixture host with the fake edges, against the in-memory API server:
+//! the watch of its own `RdmaNodeState`, the resync that repairs drift,
+//! status reports by server-side apply only on change, and API errors.
+//!
+//! Time is paused: it moves only when every task waits on a timer and no
+//! apply pass runs on the blocking pool, so a resync interval is exact, a
+//! test's host edits never race a pass, and waiting for something that does
+//! not come fails at a virtual deadline. A loop that never waits fails at a
+//! wall-clock one.
+
+use super::holders::NETWORK_STATUS_ANNOTATION;
+use super::run::{AGENT_MANAGER, AgentMetrics, HostEdges, RunConfig, run_with};
+use super::tests::{PF0, PF1, Rig, irq_affinities, pci, pf_config, spec};
+use crate::controller::mock::{ApiServer, Call};
+use crate::crd::conditions::find;
+use crate::crd::{RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState};
+use futures::FutureExt;
+use serde_json::{Value, json};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const KROCE: &str = "/apis/kroce.io/v1alpha1";
+const CORE: &str = "/api/v1";
+const STATES: &str = "rdmanodestates";
+const NODE: &str = "n1";
+/// So long that only the watch can explain a pass.
+const NEVER: Duration = Duration::from_secs(3600);
+const RESYNC: Duration = Duration::from_secs(10);
+/// Virtual time any awaited outcome may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(120);
+const STEP: Duration = Duration::from_millis(5);
+/// Wall time a whole scenario may take (about 2 s alone, mostly the fixture
+/// host's file system work).
+const REAL_PATIENCE: Duration = Duration::from_secs(60);
+
+fn node_state(name: &str, spec: &RdmaNodeStateSpec) -> Value {
+    json!({
+        "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
+        "metadata": {"name": name},
+        "spec": spec,
+    })
+}
+
+fn spec_of(node: &str) -> RdmaNodeStateSpec {
+    RdmaNodeStateSpec {
+        node_name: node.into(),
+        ..spec()
+    }
+}
+
+/// A running pod on `node` whose Multus status names the VF `vf`.
+fn pod_holding(node: &str, name: &str, vf: &str) -> Value {
+    let status = json!([{
+        "name": "team-a/fast",
+        "device-info": {"type": "pci", "pci": {"pci-address": vf}}
+    }]);
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a",
+                     "annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}},
+        "spec": {"nodeName": node, "containers": []},
+        "status": {"phase": "Running"}
+    })
+}
+
+/// Runs a scenario on a current-thread runtime with paused time, on its own
+/// thread, and fails it after [`REAL_PATIENCE`] of wall time: a loop that
+/// never waits (so virtual time never moves) fails instead of blocking.
+fn scenario<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("scenario")
+        .to_string();
+    let runner = std::thread::Builder::new().name(name).spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(f())));
+        let _ = tx.send(r);
+    });
+    runner.unwrap();
+    match rx.recv_timeout(REAL_PATIENCE) {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!(
+            "scenario still running after {REAL_PATIENCE:?} of wall time: \
+             something loops without ever waiting"
+        ),
+    }
+}
+
+/// Lets every pending wake-up run its pass; no resync falls in it.
+async fn settle() {
+    sleep(Duration::from_secs(1)).await;
+}
+
+/// The loop for node `n1` on a fresh fixture host (`connectx6dx_pair`:
+/// ens1f0 and ens2f0 with 8 VFs each).
+struct Harness {
+    rig: Rig,
+    server: ApiServer,
+    metrics: AgentMetrics,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Harness {
+    /// `seed` fills the API server before the loop starts.
+    fn start(resync: Duration, seed: impl FnOnce(&ApiServer)) -> Harness {
+        let (client, server) = ApiServer::start();
+        seed(&server);
+        let rig = Rig::new();
+        let cfg = RunConfig {
+            node_name: NODE.into(),
+            agent: rig.config.clone(),
+            resync,
+            vf_write_timeout: Duration::from_secs(5),
+            checks: None,
+        };
+        let edges = HostEdges {
+            vfs: rig.kernel.clone(),
+            links: rig.links.clone(),
+            dcb: rig.dcb.clone(),
+        };
+        let metrics = AgentMetrics::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_with(client, cfg, edges, metrics.clone(), async move {
+            let _ = stopped.await;
+        }));
+        Harness {
+            rig,
+            server,
+            metrics,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn passes(&self) -> u64 {
+        self.metrics.passes.get()
+    }
+
+    fn changes(&self) -> u64 {
+        self.metrics.changes.get()
+    }
+
+    fn calls_to(&self, method: &str, path: &str) -> Vec<Call> {
+        self.server
+            .calls()
+            .into_iter()
+            .filter(|c| c.method == method && c.path == path)
+            .collect()
+    }
+
+    fn status_patches(&self) -> Vec<Call> {
+        self.calls_to("PATCH", &format!("{KROCE}/{STATES}/{NODE}/status"))
+    }
+
+    fn gets(&self, name: &str) -> usize {
+        self.calls_to("GET", &format!("{KROCE}/{STATES}/{name}"))
+            .len()
+    }
+
+    fn watches(&self) -> Vec<Call> {
+        self.calls_to("GET", &format!("{KROCE}/{STATES}"))
+            .into_iter()
+            .filter(|c| c.param("watch").as_deref() == Some("true"))
+            .collect()
+    }
+
+    fn object(&self, name: &str) -> Option<Value> {
+        self.server.get(KROCE, STATES, "", name)
+    }
+
+    fn stored_status(&self) -> Option<RdmaNodeStateStatus> {
+        let v = self.object(NODE)?;
+        serde_json::from_value::<RdmaNodeState>(v).ok()?.status
+    }
+
+    fn status(&self) -> RdmaNodeStateStatus {
+        self.stored_status()
+            .unwrap_or_else(|| panic!("no status on {NODE}: {:#?}", self.object(NODE)))
+    }
+
+    fn in_sync(&self) -> bool {
+        self.stored_status()
+            .is_some_and(|s| s.sync_state == SyncState::Succeeded)
+    }
+
+    fn vfs_on(&self, pf: &str) -> usize {
+        self.rig.host().pci[&pci(pf)]
+            .sriov
+            .as_ref()
+            .map_or(0, |s| s.vfs.len())
+    }
+
+    /// Waits (virtual time) until `done`; fails if the loop ends first or
+    /// it does not come within [`PATIENCE`].
+    async fn until(&mut self, what: &str, mut done: impl FnMut(&Harness) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if done(self) {
+                return;
+            }
+            if self.task.is_finished() {
+                let r = (&mut self.task).now_or_never();
+                panic!("the loop ended while waiting for {what}: {r:?}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {PATIENCE:?}; requests: {:#?}\nstate: {:#?}",
+                self.server.requests(),
+                self.object(NODE)
+            );
+            sleep(STEP).await;
+        }
+    }
+
+    fn assert_running(&self) {
+        assert!(!self.task.is_finished(), "the loop ended");
+    }
+
+    /// Stops the loop as SIGTERM would; its result.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(PATIENCE, &mut self.task)
+            .await
+            .expect("the loop did not stop")
+            .expect("the loop panicked")
+    }
+}
+
+#[test]
+fn a_node_state_that_appears_is_applied_and_reported_by_server_side_apply() {
+    scenario(|| async {
+        let mut h = Harness::start(NEVER, |_| {});
+        h.until("watch of the node state", |h| !h.watches().is_empty())
+            .await;
+        // The API server filters the watch to this node's object.
+        assert_eq!(
+            h.watches()[0].param("fieldSelector").as_deref(),
+            Some("metadata.name=n1")
+        );
+        settle().await;
+        assert!(h.gets(NODE) >= 1, "the agent looked for its node state");
+        assert_eq!(h.passes(), 0, "nothing to apply yet");
+        assert!(h.rig.kernel.writes().is_empty());
+
+        h.server.insert(KROCE, STATES, node_state(NODE, &spec()));
+        h.until("status report", |h| !h.status_patches().is_empty())
+            .await;
+        // Long, but no resync: only events could cause more passes.
+        sleep(NEVER / 2).await;
+
+        // Applied: ens1f0 8 -> 4 (through 0), ens2f0 already has 8.
+        assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
+        assert_eq!(h.vfs_on(PF0), 4);
+        assert_eq!(h.vfs_on(PF1), 8);
+        assert!(h.changes() > 2, "VFs, MTUs, IRQs, QoS: {}", h.changes());
+
+        // One report, by server-side apply, with the agent's field manager, of
+        // the status only; nothing else written.
+        let patches = h.status_patches();
+        assert_eq!(patches.len(), 1, "{patches:#?}");
+        let p = &patches[0];
+        assert!(
+            p.content_type.starts_with("application/apply-patch"),
+            "{}",
+            p.content_type
+        );
+        assert_eq!(p.param("fieldManager").as_deref(), Some(AGENT_MANAGER));
+        assert_eq!(p.param("force").as_deref(), Some("true"));
+        let keys: Vec<&str> = p
+            .body
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["apiVersion", "kind", "status"]);
+        assert_eq!(p.body["apiVersion"], "kroce.io/v1alpha1");
+        assert_eq!(p.body["kind"], "RdmaNodeState");
+        let writes: Vec<String> = h
+            .server
+            .requests()
+            .into_iter()
+            .filter(|r| !r.starts_with("GET "))
+            .collect();
+        assert_eq!(writes, [format!("PATCH {KROCE}/{STATES}/{NODE}/status")]);
+
+        let st = h.status();
+        assert_eq!(st.sync_state, SyncState::Succeeded, "{st:#?}");
+        assert_eq!(st.observed_generation, Some(1));
+        assert!(st.last_sync_time.is_some());
+        assert_eq!(st.managed_pfs, [PF0, PF1]);
+        let observed: Vec<(&str, u32, usize)> = st
+            .pfs
+            .iter()
+            .map(|p| (p.pci_address.as_str(), p.num_vfs, p.vfs.len()))
+            .collect();
+        assert_eq!(observed, [(PF0, 4, 4), (PF1, 8, 8)]);
+        assert!(
+            st.pfs[0]
+                .vfs
+                .iter()
+                .all(|v| v.netdev.is_some() && v.rdma_device.is_some() && v.mtu == Some(9000))
+        );
+        let ready = find(&st.conditions, "Ready").expect("Ready condition");
+        assert!(ready.is_true());
+        assert!(ready.last_transition_time.is_some());
+        assert!(
+            !find(&st.conditions, "Degraded")
+                .expect("Degraded")
+                .is_true()
+        );
+        // The API server records the agent as the owner of what it applied.
+        let owners = h.object(NODE).unwrap()["metadata"]["managedFields"].clone();
+        assert_eq!(owners[0]["manager"], AGENT_MANAGER, "{owners:#}");
+        assert_eq!(owners[0]["operation"], "Apply");
+        assert_eq!(owners[0]["subresource"], "status");
+        assert!(
+            owners[0]["fieldsV1"]["f:status"]
+                .get("f:syncState")
+                .is_some()
+        );
+        // Its spec is the controller's: untouched.
+        assert_eq!(
+            h.object(NODE).unwrap()["spec"],
+            serde_json::to_value(spec()).unwrap()
+        );
+
+        // SIGTERM (here: the shutdown future) ends the loop cleanly, and it
+        // stops watching.
+        let server = h.server.clone();
+        h.stop().await.unwrap();
+        let before = server.requests().len();
+        server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["pfs"][0]["numVfs"] = 2.into();
+        });
+        sleep(NEVER * 2).await;
+        assert_eq!(server.requests().len(), before);
+    });
+}
+
+#[test]
+fn a_spec_change_is_applied_and_reported() {
+    scenario(|| async {
+        let mut h = Harness::start(NEVER, |s| {
+            s.insert(KROCE, STATES, node_state(NODE, &spec()))
+        });
+        h.until("first apply", Harness::in_sync).await;
+        settle().await;
+        let writes = h.rig.kernel.writes().len();
+        let patches = h.status_patches().len();
+
+        // The controller narrows ens1f0 from 4 VFs to 2.
+        assert!(h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
+        }));
+        h.until("generation 2 reported", |h| {
+            h.stored_status()
+                .is_some_and(|s| s.observed_generation == Some(2))
+        })
+        .await;
+        settle().await;
+
+        assert_eq!(
+            h.rig.kernel.writes()[writes..],
+            [(pci(PF0), 0), (pci(PF0), 2)],
+            "the kernel refuses 4 -> 2: through 0; ens2f0 untouched"
+        );
+        assert_eq!(h.vfs_on(PF0), 2);
+        assert_eq!(h.vfs_on(PF1), 8);
+        let st = h.status();
+        assert_eq!(st.sync_state, SyncState::Succeeded, "{st:#?}");
+        let observed: Vec<(&str, u32, usize)> = st
+            .pfs
+            .iter()
+            .map(|p| (p.pci_address.as_str(), p.num_vfs, p.vfs.len()))
+            .collect();
+        assert_eq!(observed, [(PF0, 2, 2), (PF1, 8, 8)]);
+        assert!(find(&st.conditions, "Ready").unwrap().is_true());
+        assert_eq!(h.status_patches().len(), patches + 1, "one report");
+        h.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn host_drift_is_put_back_at_the_next_resync_without_a_status_report() {
+    scenario(|| async {
+        let mut h = Harness::start(RESYNC, |s| {
+            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+        });
+        h.until("first apply", Harness::in_sync).await;
+        settle().await;
+        let (passes, changes, patches) = (h.passes(), h.changes(), h.status_patches().len());
+        let writes = h.rig.kernel.writes();
+        let reported = h.status();
+
+        // Someone moves an IRQ of ens1f0. The loop is idle (time is paused), so
+        // this cannot race a pass.
+        let (_, irq, _) = irq_affinities(&h.rig.host(), PF0, &h.rig.path)[0].clone();
+        let affinity = format!("proc/irq/{irq}/smp_affinity_list");
+        let pinned = h.rig.file(&affinity);
+        std::fs::write(h.rig.path.join(&affinity), "0-31\n").unwrap();
+        // Nothing watches the host: before the resync it stays moved.
+        sleep(RESYNC / 2).await;
+        assert_eq!(h.passes(), passes);
+        assert_eq!(h.rig.file(&affinity), "0-31");
+        // After it (one pass: the next is a whole interval later), it is back.
+        sleep(RESYNC / 2 + Duration::from_secs(1)).await;
+        assert_eq!(h.passes(), passes + 1);
+        assert_eq!(h.rig.file(&affinity), pinned);
+        assert_eq!(h.changes(), changes + 1, "only the IRQ was rewritten");
+        assert_eq!(h.rig.kernel.writes(), writes, "no VF writes");
+        // What the agent reports did not change: no status patch.
+        assert_eq!(h.status_patches().len(), patches);
+
+        // VFs removed behind the agent's back come back at the next resync.
+        h.rig
+            .kernel
+            .host
+            .lock()
+            .unwrap()
+            .set_num_vfs(&pci(PF1), 0)
+            .unwrap();
+        assert_eq!(h.vfs_on(PF1), 0);
+        sleep(RESYNC).await;
+        assert_eq!(h.rig.kernel.writes()[writes.len()..], [(pci(PF1), 8)]);
+        assert_eq!(h.vfs_on(PF1), 8);
+        // Recreated VFs are new devices to the kernel (new RDMA device names
+        // and IRQ numbers, as on real hardware): that is news, reported once,
+        // and the report's own event wakes one more pass that sends nothing.
+        assert_eq!(h.passes(), passes + 3);
+        assert_eq!(h.status_patches().len(), patches + 1);
+        let now = h.status();
+        let devices = |s: &RdmaNodeStateStatus| -> Vec<Option<String>> {
+            s.pfs[1].vfs.iter().map(|v| v.rdma_device.clone()).collect()
+        };
+        assert_eq!(now.pfs[1].vfs.len(), 8);
+        assert!(devices(&now).iter().all(Option::is_some));
+        assert!(
+            devices(&now)
+                .iter()
+                .all(|d| !devices(&reported).contains(d)),
+            "{:?} vs {:?}",
+            devices(&now),
+            devices(&reported)
+        );
+        assert_eq!(now.sync_state, SyncState::Succeeded);
+        assert_eq!(now.pfs[0], reported.pfs[0], "ens1f0 unchanged");
+        let (passes, patches) = (h.passes(), h.status_patches().len());
+        // And a pass with nothing to do changes nothing.
+        let changes = h.changes();
+        sleep(RESYNC).await;
+        assert_eq!(h.passes(), passes + 1);
+        assert_eq!(h.changes(), changes);
+        assert_eq!(h.status_patches().len(), patches);
+        h.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn the_node_state_of_another_node_is_ignored() {
+    scenario(|| async {
+        let mut h = Harness::start(NEVER, |s| {
+            // A pod on n2 using "the same" VF address as one of n1's.
+            s.insert(CORE, "pods", pod_holding("n2", "other-0", "0000:3b:00.3"));
+        });
+        h.until("watch of the node state", |h| !h.watches().is_empty())
+            .await;
+        settle().await;
+        let gets = h.gets(NODE);
+
+        h.server
+            .insert(KROCE, STATES, node_state("n2", &spec_of("n2")));
+        h.server.update(KROCE, STATES, "", "n2", |o| {
+            o["spec"]["pfs"][0]["numVfs"] = 2.into();
+        });
+        sleep(NEVER / 2).await;
+        assert_eq!(h.passes(), 0);
+        assert_eq!(h.gets(NODE), gets, "n2's events did not wake the agent");
+        assert!(h.rig.kernel.writes().is_empty());
+        let touched: Vec<String> = h
+            .server
+            .requests()
+            .into_iter()
+            .filter(|r| r.contains("/n2"))
+            .collect();
+        assert!(touched.is_empty(), "{touched:?}");
+
+        // n1's own state still works, and n2's pod holds nothing on n1.
+        h.server.insert(KROCE, STATES, node_state(NODE, &spec()));
+        h.until("n1 applied", Harness::in_sync).await;
+        assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
+        assert!(h.status().held_vfs.is_empty());
+        let lists = h.calls_to("GET", &format!("{CORE}/pods"));
+        assert!(!lists.is_empty());
+        assert!(
+            lists
+                .iter()
+                .all(|c| c.param("fieldSelector").as_deref() == Some("spec.nodeName=n1")),
+            "{lists:#?}"
+        );
+        assert!(h.object("n2").unwrap().get("status").is_none());
+        h.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn a_failed_status_report_does_not_stop_the_loop_and_the_next_pass_retries() {
+    scenario(|| async {
+        let mut h = Harness::start(RESYNC, |s| {
+            s.fail(500, 1, |c| {
+                c.method == "PATCH" && c.path == format!("{KROCE}/{STATES}/{NODE}/status")
+            });
+        });
+        h.until("watch of the node state", |h| !h.watches().is_empty())
+            .await;
+        settle().await;
+        h.server.insert(KROCE, STATES, node_state(NODE, &spec()));
+        h.until("first report", |h| !h.status_patches().is_empty())
+            .await;
+        // Refused: nothing stored, and no event wakes the agent; it keeps going.
+        sleep(RESYNC / 2).await;
+        h.assert_running();
+        assert_eq!(h.status_patches().len(), 1);
+        assert!(h.stored_status().is_none());
+        assert_eq!(h.passes(), 1);
+        // The next pass (the resync) finds the report missing and sends it again.
+        h.until("report stored", Harness::in_sync).await;
+        // Pass 2 reported; the report's own event woke pass 3, which sent nothing.
+        assert_eq!(h.passes(), 3);
+        let patches = h.status_patches();
+        assert_eq!(patches.len(), 2);
+        // The same report, but for its timestamps (the refused one left no
+        // conditions to keep transition times from).
+        let strip = |c: &Call| {
+            let mut s: RdmaNodeStateStatus =
+                serde_json::from_value(c.body["status"].clone()).unwrap();
+            s.last_sync_time = None;
+            for c in &mut s.conditions {
+                c.last_transition_time = None;
+            }
+            s
+        };
+        assert_eq!(strip(&patches[0]), strip(&patches[1]));
+        // The host was configured once; the retry is only the report.
+        assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
+        h.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn an_error_reading_the_node_state_does_not_stop_the_loop() {
+    scenario(|| async {
+        let mut h = Harness::start(RESYNC, |s| {
+            s.fail(500, 1, |c| {
+                c.method == "GET" && c.path == format!("{KROCE}/{STATES}/{NODE}")
+            });
+            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+        });
+        h.until("node state applied", Harness::in_sync).await;
+        h.assert_running();
+        assert!(h.gets(NODE) >= 2, "read again after the 500");
+        assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
+        h.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn a_failing_watch_is_retried_with_backoff_and_the_resync_still_applies() {
+    scenario(|| async {
+        let mut h = Harness::start(RESYNC, |s| {
+            s.fail(500, 1000, |c| c.param("watch").as_deref() == Some("true"));
+            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+        });
+        h.until("first apply", Harness::in_sync).await;
+        sleep(Duration::from_secs(60)).await;
+        // Retried, but not in a tight loop against the API server: client-go's
+        // backoff, 0.8 s doubling up to 30 s, plus up to as much again in
+        // jitter, makes 5 to 7 attempts in 60 s.
+        let attempts = h.watches().len();
+        assert!(
+            (4..=8).contains(&attempts),
+            "{attempts} watch attempts in 60 s"
+        );
+        // Without events, the resync still brings spec changes.
+        h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
+        });
+        h.until("generation 2 reported", |h| {
+            h.stored_status()
+                .is_some_and(|s| s.observed_generation == Some(2))
+        })
+        .await;
+        assert_eq!(h.vfs_on(PF0), 2);
+        h.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
+    scenario(|| async {
+        let mut h = Harness::start(RESYNC, |s| {
+            s.fail(500, 1, |c| c.path == format!("{CORE}/pods"));
+            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+        });
+        // Pass 1 cannot list pods: every VF counts as held, ens1f0 is left
+        // alone. Its report wakes pass 2, which reads the (empty) pod list and
+        // applies.
+        h.until("two reports", |h| h.status_patches().len() >= 2)
+            .await;
+        let first: RdmaNodeStateStatus =
+            serde_json::from_value(h.status_patches()[0].body["status"].clone()).unwrap();
+        let held = find(&first.conditions, "VfsHeld").expect("VfsHeld");
+        assert!(held.is_true());
+        assert!(
+            held.message.contains("cannot list pods"),
+            "{}",
+            held.message
+        );
+        assert_eq!(first.sync_state, SyncState::InProgress);
+        assert_eq!(first.pfs[0].num_vfs, 8, "ens1f0 left alone");
+        assert_eq!(first.held_vfs.len(), 8, "{:?}", first.held_vfs);
+        assert!(h.in_sync());
+        assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
+        let st = h.status();
+        assert!(!find(&st.conditions, "VfsHeld").unwrap().is_true());
+        assert!(st.held_vfs.is_empty(), "cleared: {:?}", st.held_vfs);
+
+        // A pod on this node holds a VF of ens1f0; the spec wants 2 VFs there.
+        h.server
+            .insert(CORE, "pods", pod_holding(NODE, "trainer-0", "0000:3b:00.3"));
+        h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
+        });
+        h.until("the holder reported", |h| {
+            h.stored_status()
+                .is_some_and(|s| s.observed_generation == Some(2))
+        })
+        .await;
+        let st = h.status();
+        let held = find(&st.conditions, "VfsHeld").unwrap();
+        assert!(
+            held.message.contains("team-a/trainer-0"),
+            "{}",
+            held.message
+        );
+        assert_eq!(st.held_vfs.len(), 1, "{:?}", st.held_vfs);
+        assert_eq!(st.held_vfs[0].pods, ["team-a/trainer-0"]);
+        assert_eq!(h.vfs_on(PF0), 4);
+        // The pod finishes; the next resync removes the VFs it held.
+        h.server.update(CORE, "pods", "team-a", "trainer-0", |p| {
+            p["status"]["phase"] = "Succeeded".into();
+        });
+        h.until("ens1f0 at 2 VFs", Harness::in_sync).await;
+        assert_eq!(h.vfs_on(PF0), 2);
+        assert!(h.status().held_vfs.is_empty());
+        h.stop().await.unwrap();
+    });
+}
