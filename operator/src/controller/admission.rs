@@ -34,7 +34,7 @@ use kroce_admission::lifecycle::{
 };
 use kroce_admission::pod_run::{self, RUNNER_BINARY, Role};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -58,8 +58,6 @@ const POLL: Duration = Duration::from_secs(5);
 /// Waiting for a slot or a peer: the end of another run frees it.
 const WAIT: Duration = Duration::from_secs(30);
 const IDLE: Duration = Duration::from_secs(300);
-/// Event notes are capped at 1 kB by the API.
-const MAX_NOTE: usize = 1000;
 
 /// Seconds since the Unix epoch; a value so tests can move time.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -538,17 +536,6 @@ fn wake_after(nodes: &BTreeMap<String, NodeAdmission>, spec: &AdmissionSpec, now
     wake
 }
 
-fn truncate(mut s: String) -> String {
-    if s.len() > MAX_NOTE {
-        let mut cut = MAX_NOTE;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
-
 // ---------------------------------------------------------------------------
 // API edges.
 
@@ -601,29 +588,19 @@ async fn node_event(ctx: &Context, node: &str, type_: EventType, reason: &str, n
         name: Some(node.to_string()),
         ..Default::default()
     };
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(truncate(note)),
-        action: "Admission".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-        tracing::warn!(error = %e, node, reason, "cannot publish event");
-    }
+    ctx.event(&reference, type_, reason, "Admission", note)
+        .await;
 }
 
 async fn network_event(ctx: &Context, net: &RdmaNetwork, reason: &str, note: String) {
-    let ev = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(truncate(note)),
-        action: "Admission".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &net.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "cannot publish event");
-    }
+    ctx.event(
+        &net.object_ref(&()),
+        EventType::Warning,
+        reason,
+        "Admission",
+        note,
+    )
+    .await;
 }
 
 async fn pod_log(api: &Api<Pod>, name: &str) -> Result<String, kube::Error> {

@@ -17,7 +17,7 @@ use super::{Context, Error};
 use crate::crd::RdmaNodeState;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -183,16 +183,8 @@ pub fn plan_drain(nodes: &[DrainNode], enabled: bool) -> Vec<DrainAction> {
 }
 
 async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &node.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "cannot publish event");
-    }
+    ctx.event(&node.object_ref(&()), type_, reason, reason, note)
+        .await;
 }
 
 /// Evicts each pod; gone already is fine, a PodDisruptionBudget refusal

@@ -84,6 +84,55 @@ pub struct Context {
     pub admission: admission::AdmissionSettings,
 }
 
+/// The Events API refuses notes over 1 kB; keep a margin.
+const MAX_EVENT_NOTE: usize = 1000;
+
+/// `note` cut to what the Events API takes, on a character boundary.
+fn event_note(mut note: String) -> String {
+    if note.len() > MAX_EVENT_NOTE {
+        let mut cut = MAX_EVENT_NOTE;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    note
+}
+
+#[cfg(test)]
+#[test]
+fn event_notes_are_cut_on_a_character_boundary() {
+    assert_eq!(event_note("short".into()), "short");
+    let long = "é".repeat(MAX_EVENT_NOTE); // 2 bytes each
+    let cut = event_note(long);
+    assert!(cut.len() <= MAX_EVENT_NOTE && cut.len() >= MAX_EVENT_NOTE - 1);
+    assert!(cut.chars().all(|c| c == 'é'));
+}
+
+impl Context {
+    /// Publishes an event about `regarding`; a failure is logged, never
+    /// returned: events are for people, reconciling goes on without them.
+    pub(crate) async fn event(
+        &self,
+        regarding: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: kube::runtime::events::EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let ev = kube::runtime::events::Event {
+            type_,
+            reason: reason.into(),
+            note: Some(event_note(note)),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, regarding).await {
+            tracing::warn!(error = %e, object = ?regarding.name, reason, "cannot publish event");
+        }
+    }
+}
+
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -86,16 +86,8 @@ fn plan_world(world: &World) -> ClusterPlan {
 }
 
 async fn publish(ctx: &Context, net: &RdmaNetwork, type_: EventType, reason: &str, note: String) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &net.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "cannot publish event");
-    }
+    ctx.event(&net.object_ref(&()), type_, reason, reason, note)
+        .await;
 }
 
 /// Applies node state specs and the device plugin ConfigMap for the whole
