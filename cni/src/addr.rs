@@ -1,7 +1,6 @@
 //! Link-layer and IP address values as the CNI protocol and netlink carry
 //! them: MAC addresses and `ip/prefix` pairs.
 
-use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -59,18 +58,7 @@ impl FromStr for Mac {
     }
 }
 
-impl Serialize for Mac {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Mac {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+sriov_helpers::serde_via_str!(Mac);
 
 /// An address with its prefix length, `10.1.0.5/24` (host bits kept: this
 /// is an interface address, not only a network).
@@ -155,18 +143,7 @@ impl FromStr for IpNet {
     }
 }
 
-impl Serialize for IpNet {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for IpNet {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+sriov_helpers::serde_via_str!(IpNet);
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,6 @@
 //! `smp_affinity_list`).
 
 use crate::error::ParseError;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
@@ -97,18 +96,7 @@ impl fmt::Display for CpuList {
     }
 }
 
-impl Serialize for CpuList {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for CpuList {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+crate::serde_via_str!(CpuList);
 
 #[cfg(test)]
 mod tests {

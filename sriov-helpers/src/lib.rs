@@ -21,6 +21,29 @@ pub mod vf_range;
 #[cfg(feature = "testing")]
 pub mod fixture;
 
+/// Implements serde's `Serialize`/`Deserialize` through `Display`/`FromStr`:
+/// the kernel's text form is the wire form (PCI addresses, CPU lists, VF
+/// ranges, MACs), so JSON, YAML and sysfs agree and parse errors stay ours.
+#[macro_export]
+macro_rules! serde_via_str {
+    ($t:ty) => {
+        impl $crate::__serde::Serialize for $t {
+            fn serialize<S: $crate::__serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> $crate::__serde::Deserialize<'de> for $t {
+            fn deserialize<D: $crate::__serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <String as $crate::__serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err($crate::__serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+pub use serde as __serde;
+
 pub use cpulist::CpuList;
 pub use error::{HostError, ParseError};
 pub use host::{Host, ScanOptions};

@@ -7,7 +7,7 @@ use crate::root::HostRoot;
 use crate::sysfs_io::{
     dir_names, link_name, parse_hex_u16, parse_hex_u32, parse_optional_num, read_optional,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -92,18 +92,7 @@ impl FromStr for PciAddress {
     }
 }
 
-impl Serialize for PciAddress {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PciAddress {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+crate::serde_via_str!(PciAddress);
 
 /// The SR-IOV side of a physical function.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,7 +1,6 @@
 //! `pfNames` selectors: `ens1f0`, `ens1f0#0-3,6`.
 
 use crate::error::ParseError;
-use serde::Serialize;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
@@ -86,18 +85,7 @@ impl fmt::Display for PfSelector {
     }
 }
 
-impl Serialize for PfSelector {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for PfSelector {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+crate::serde_via_str!(PfSelector);
 
 #[cfg(test)]
 mod tests {
