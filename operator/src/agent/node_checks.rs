@@ -26,6 +26,7 @@ pub const CHECK_CONDITIONS: &[(&str, &str)] = &[
     (names::PFC, "PfcConfigured"),
     (names::ECN, "EcnEnabled"),
     (names::MEMLOCK, "MemlockSufficient"),
+    (names::IRQ_NUMA, "IrqsNumaLocal"),
 ];
 
 /// The node agent's flags for these checks and its counters.
@@ -483,6 +484,7 @@ mod tests {
             "{gid:?}"
         );
         assert_eq!(find(&cs, "PfcConfigured").status, ConditionStatus::True);
+        assert_eq!(find(&cs, "IrqsNumaLocal").status, ConditionStatus::True);
         let m = find(&cs, "MemlockSufficient");
         assert_eq!(m.status, ConditionStatus::False, "{m:?}");
         assert!(
@@ -490,8 +492,12 @@ mod tests {
             "{}",
             m.message
         );
-        // A dead port and PFC on the wrong priority.
+        // A dead port, PFC on the wrong priority, and a PF completion IRQ
+        // (not the control vector) moved onto the other NUMA node.
         fx.set_port_state(&pf, "1: DOWN").unwrap();
+        let host = sriov_helpers::Host::scan(&fx.root());
+        let irq = host.pci[&"0000:3b:00.0".parse().unwrap()].msi_irqs[1];
+        sriov_helpers::irq::write_affinity(&fx.root(), irq, &"20".parse().unwrap()).unwrap();
         let cs = nc.conditions(&spec(), &status_with_pfc(vec![0]), ipv4.clone(), 2);
         let link = find(&cs, "RdmaLinkActive");
         assert_eq!(link.status, ConditionStatus::False);
@@ -501,6 +507,9 @@ mod tests {
             link.message
         );
         assert_eq!(find(&cs, "PfcConfigured").status, ConditionStatus::False);
+        let irqs = find(&cs, "IrqsNumaLocal");
+        assert_eq!(irqs.status, ConditionStatus::False, "{irqs:?}");
+        assert!(irqs.message.contains(&irq.to_string()), "{}", irqs.message);
         // PFC also on another priority: a warning, still True.
         let cs = nc.conditions(&spec(), &status_with_pfc(vec![0, 3]), ipv4, 3);
         let pfc = find(&cs, "PfcConfigured");
