@@ -29,7 +29,8 @@ cp "$here/perftest/kroce-gid-index" "$ctx/perftest/"
 for img in operator node perftest; do
   # podman's chroot isolation runs RUN steps without an OCI runtime, which
   # also works where crun may not set rlimits (no CAP_SYS_RESOURCE).
-  iso=()
-  [ "$engine" = podman ] && iso=(--isolation "${ISOLATION:-chroot}")
-  "$engine" build "${iso[@]}" --pull=never --build-arg "BASE=$base" -t "kroce-$img:$tag" -f "$here/$img/Containerfile" "$ctx"
+  # podman: never pull (the base is local); docker pulls BASE as usual.
+  extra=()
+  [ "$engine" = podman ] && extra=(--isolation "${ISOLATION:-chroot}" --pull=never)
+  "$engine" build "${extra[@]}" --build-arg "BASE=$base" -t "kroce-$img:$tag" -f "$here/$img/Containerfile" "$ctx"
 done

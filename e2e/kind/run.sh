@@ -32,7 +32,8 @@ done
 modprobe rdma_rxe || { echo "rdma_rxe is not available on this kernel" >&2; exit 2; }
 
 log "build images"
-"$repo/images/build.sh" "$tag"
+# kind loads images from docker's store.
+ENGINE=docker "$repo/images/build.sh" "$tag"
 
 log "create cluster"
 kind create cluster --name "$cluster" --config "$here/kind-config.yaml" --wait 120s
