@@ -63,6 +63,9 @@ fn invalid(field: &str, value: &Value, reason: impl Into<String>) -> ConfigError
 pub enum DeviceRef {
     /// Given in the config; `field` names the key it came from.
     Pci { addr: PciAddress, field: String },
+    /// A soft RDMA device (e.g. rxe) named in the config; its parent netdev
+    /// is the device. No PF, so no PF-side VF attributes.
+    Soft { name: String, field: String },
     /// To be read from the device-info file (device-info-spec 1.1.0).
     InfoFile(PathBuf),
     /// Not given: fine for DEL/GC/STATUS, an error for ADD.
@@ -137,6 +140,32 @@ pub struct NetConf {
 pub fn peek_version(bytes: &[u8]) -> Option<CniVersion> {
     let v: Value = serde_json::from_slice(bytes).ok()?;
     CniVersion::parse(v.get("cniVersion")?.as_str()?)
+}
+
+/// A VF PCI address or a soft RDMA device name, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DeviceId {
+    Pci(PciAddress),
+    Soft(String),
+}
+
+impl std::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceId::Pci(a) => a.fmt(f),
+            DeviceId::Soft(n) => f.write_str(n),
+        }
+    }
+}
+
+/// An RDMA device name as the kernel allows it (IB_DEVICE_NAME_MAX 64)
+/// and safe as a file name: no `/`, not `.` or `..`.
+pub fn rdma_name_ok(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 fn network_name_ok(s: &str) -> bool {
@@ -219,6 +248,22 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A `deviceID`: a VF PCI address, else a soft RDMA device name.
+    fn device_id(&self, key: &str) -> Result<Option<DeviceId>, ConfigError> {
+        match self.string(key)? {
+            None => Ok(None),
+            Some(s) => match s.parse::<PciAddress>() {
+                Ok(a) => Ok(Some(DeviceId::Pci(a))),
+                Err(_) if rdma_name_ok(s) => Ok(Some(DeviceId::Soft(s.to_string()))),
+                Err(e) => Err(invalid(
+                    &self.name(key),
+                    &Value::String(s.to_string()),
+                    format!("{e}; nor an RDMA device name ([A-Za-z0-9_.-], 1 to 63 characters)"),
+                )),
+            },
+        }
+    }
+
     fn mac(&self, key: &str) -> Result<Option<Mac>, ConfigError> {
         match self.string(key)? {
             None => Ok(None),
@@ -293,11 +338,15 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
 
     // Device: every explicit source must agree; the device-info file is
     // the fallback.
-    let mut explicit: Vec<(String, PciAddress)> = Vec::new();
-    for (fields, key) in [(&rc, "deviceID"), (&top, "deviceID"), (&top, "pciBusID")] {
-        if let Some(a) = fields.pci(key)? {
-            explicit.push((fields.name(key), a));
+    let mut explicit: Vec<(String, DeviceId)> = Vec::new();
+    for (fields, key) in [(&rc, "deviceID"), (&top, "deviceID")] {
+        if let Some(d) = fields.device_id(key)? {
+            explicit.push((fields.name(key), d));
         }
+    }
+    // Multus' pciBusID is only ever a PCI address.
+    if let Some(a) = top.pci("pciBusID")? {
+        explicit.push((top.name("pciBusID"), DeviceId::Pci(a)));
     }
     if let Some((f0, a0)) = explicit.first()
         && let Some((f1, a1)) = explicit.iter().find(|(_, a)| a != a0)
@@ -309,12 +358,36 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         ));
     }
     let device = match explicit.into_iter().next() {
-        Some((field, addr)) => DeviceRef::Pci { addr, field },
+        Some((field, DeviceId::Pci(addr))) => DeviceRef::Pci { addr, field },
+        Some((field, DeviceId::Soft(name))) => DeviceRef::Soft { name, field },
         None => match rc.abs_path("CNIDeviceInfoFile")? {
             Some(p) => DeviceRef::InfoFile(p),
             None => DeviceRef::Missing,
         },
     };
+    // A soft device has no PF: PF-side VF attributes cannot apply.
+    if let DeviceRef::Soft { name, .. } = &device {
+        for key in [
+            "vlan",
+            "vlanQoS",
+            "vlanProto",
+            "spoofchk",
+            "trust",
+            "link_state",
+            "min_tx_rate",
+            "max_tx_rate",
+        ] {
+            if let Some(v) = top.get(key) {
+                return Err(invalid(
+                    key,
+                    v,
+                    format!(
+                        "is a PF-side VF attribute; deviceID {name} is a soft RDMA device (no PF)"
+                    ),
+                ));
+            }
+        }
+    }
 
     let vlan = top.uint("vlan", 0, 4094)?.map(|v| v as u16);
     let vlan_qos = top.uint("vlanQoS", 0, 7)?.map(|v| v as u8);
@@ -662,6 +735,68 @@ mod tests {
             err(&serde_json::to_vec(&c).unwrap()).code(),
             code::INCOMPATIBLE_VERSION
         );
+    }
+
+    #[test]
+    fn soft_device_names() {
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","deviceID":"rxe_kvf0"});
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert_eq!(
+            n.device,
+            DeviceRef::Soft {
+                name: "rxe_kvf0".into(),
+                field: "deviceID".into()
+            }
+        );
+        for bad in ["..", ".", "rxe/../x", "/sys", "a b", &"r".repeat(64)] {
+            let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","deviceID":bad});
+            let e = err(&serde_json::to_vec(&c).unwrap());
+            assert!(e.to_string().contains("deviceID"), "{bad}: {e}");
+        }
+        // pciBusID stays PCI-only.
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","pciBusID":"rxe_kvf0"});
+        assert!(
+            err(&serde_json::to_vec(&c).unwrap())
+                .to_string()
+                .contains("pciBusID")
+        );
+        // Sources must agree across kinds.
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni",
+            "runtimeConfig":{"deviceID":"rxe_kvf0"},"deviceID":"0000:3b:00.2"});
+        assert!(
+            err(&serde_json::to_vec(&c).unwrap())
+                .to_string()
+                .contains("disagrees")
+        );
+    }
+
+    #[test]
+    fn soft_device_refuses_pf_side_attributes() {
+        for (k, v) in [
+            ("vlan", json!(100)),
+            ("vlanQoS", json!(0)),
+            ("vlanProto", json!("802.1Q")),
+            ("spoofchk", json!("off")),
+            ("trust", json!(true)),
+            ("link_state", json!("enable")),
+            ("min_tx_rate", json!(0)),
+            ("max_tx_rate", json!(100)),
+        ] {
+            let mut c =
+                json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","deviceID":"rxe_t0"});
+            c[k] = v;
+            let e = err(&serde_json::to_vec(&c).unwrap());
+            assert_eq!(e.code(), code::INVALID_CONFIG, "{k}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(k) && msg.contains("soft RDMA device"),
+                "{k}: {msg}"
+            );
+        }
+        // MAC and MTU are netdev-side: fine.
+        let c = json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni","deviceID":"rxe_t0",
+            "mac":"02:11:22:33:44:55","mtu":1500});
+        assert!(parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).is_ok());
     }
 
     #[test]

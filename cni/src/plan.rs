@@ -6,12 +6,12 @@ use crate::config::{NetConf, RdmaPolicy};
 use crate::memlock::Memlock;
 use crate::netlink::rdma::RdmaNetnsMode;
 use crate::protocol::{CniError, code};
-use crate::vf::VfTarget;
+use crate::vf::Target;
 use crate::vf_attrs::{VfSetting, VlanProto};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddPlan {
-    pub vf: VfTarget,
+    pub vf: Target,
     pub pod_ifname: String,
     /// PF-side changes, one netlink request each, in this order.
     pub vf_settings: Vec<VfSetting>,
@@ -106,16 +106,28 @@ pub fn vf_settings(conf: &NetConf) -> Vec<VfSetting> {
 pub fn plan_add(
     conf: &NetConf,
     pod_ifname: &str,
-    vf: &VfTarget,
+    vf: &Target,
     rdma_mode: Option<Result<RdmaNetnsMode, String>>,
 ) -> Result<(AddPlan, Vec<String>), CniError> {
     let mut warnings = Vec::new();
-    let rdma_device = match (&vf.rdma, conf.rdma) {
+    let mut vf_settings = vf_settings(conf);
+    if vf.vf().is_none() {
+        // No PF: the MAC goes on the netdev alone. The rest the config
+        // parser refuses already.
+        vf_settings.retain(|s| !matches!(s, VfSetting::Mac { .. }));
+    }
+    if vf.vf().is_none() && !vf_settings.is_empty() {
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            format!("{vf} has no PF: PF-side VF attributes cannot be set"),
+        ));
+    }
+    let rdma_device = match (vf.rdma(), conf.rdma) {
         (_, RdmaPolicy::Never) => None,
         (None, RdmaPolicy::Always) => {
             return Err(CniError::new(
                 code::RDMA,
-                format!("rdma is true but VF {} has no RDMA device", vf.pci),
+                format!("rdma is true but {vf} has no RDMA device"),
             ));
         }
         (None, RdmaPolicy::Auto) => None,
@@ -144,8 +156,7 @@ pub fn plan_add(
             }
             (Some(Err(e)), _) => {
                 warnings.push(format!(
-                    "cannot read the RDMA netns mode ({e}); RDMA device {dev} of VF {} stays in the host netns",
-                    vf.pci
+                    "cannot read the RDMA netns mode ({e}); RDMA device {dev} of {vf} stays in the host netns"
                 ));
                 None
             }
@@ -155,7 +166,7 @@ pub fn plan_add(
     let plan = AddPlan {
         vf: vf.clone(),
         pod_ifname: pod_ifname.to_string(),
-        vf_settings: vf_settings(conf),
+        vf_settings,
         mac: conf.mac,
         mtu: conf.mtu,
         rdma_device,
@@ -178,8 +189,8 @@ mod tests {
         crate::config::parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap()
     }
 
-    fn vf(rdma: Option<&str>) -> VfTarget {
-        VfTarget {
+    fn vf(rdma: Option<&str>) -> Target {
+        Target::Vf(crate::vf::VfTarget {
             pci: "0000:3b:00.2".parse().unwrap(),
             pf_pci: "0000:3b:00.0".parse().unwrap(),
             vf_index: 0,
@@ -187,7 +198,36 @@ mod tests {
             netdev: Some("ens1f0v0".into()),
             rdma: rdma.map(str::to_string),
             driver: Some("mlx5_core".into()),
-        }
+        })
+    }
+
+    #[test]
+    fn soft_device_plan() {
+        let soft = Target::Soft(crate::vf::SoftTarget {
+            soft_rdma: "rxe_t0".into(),
+            netdev: Some("v0".into()),
+        });
+        let mut c = serde_json::json!({"cniVersion":"1.0.0","name":"n","type":"kroce-cni",
+            "deviceID":"rxe_t0","mtu":1400,"mac":"02:00:00:00:00:09"});
+        let n =
+            crate::config::parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        let (p, _) = plan_add(&n, "net1", &soft, Some(Ok(RdmaNetnsMode::Exclusive))).unwrap();
+        assert!(p.vf_settings.is_empty(), "{:?}", p.vf_settings);
+        assert_eq!(
+            p.mac.map(|m| m.to_string()).as_deref(),
+            Some("02:00:00:00:00:09")
+        );
+        assert!(p.steps().contains(&Step::SetMac));
+        assert_eq!(p.rdma_device.as_deref(), Some("rxe_t0"));
+        assert_eq!(p.mtu, Some(1400));
+        // PF-side settings with a soft target are refused even past the parser.
+        c["deviceID"] = "0000:3b:00.2".into();
+        c.as_object_mut().unwrap().remove("mac");
+        c["vlan"] = 5.into();
+        let n =
+            crate::config::parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        let e = plan_add(&n, "net1", &soft, None).unwrap_err();
+        assert!(e.to_string().contains("soft RDMA device rxe_t0"), "{e}");
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The state dir (`/var/lib/cni/kroce` by default):
 //!
-//! - `vf/<pci>.json`: the claim on a VF (who holds it, its original state,
+//! - `vf/<pci or soft RDMA name>.json`: the claim on a VF or soft device (who holds it, its original state,
 //!   what ADD planned, the result) — written before the first side effect,
 //!   removed when the VF is released;
-//! - `locks/<pci>.lock`: the per-VF flock, held across a whole ADD/DEL/GC of
+//! - `locks/<pci or name>.lock`: the per-device flock, held across a whole ADD/DEL/GC of
 //!   that VF (the file is removed while held; lockers re-check the inode);
 //! - `memlock/<containerID>.json`: see [`crate::memlock`].
 //!
@@ -11,11 +11,10 @@
 
 use crate::addr::Mac;
 use crate::netlink::route::LinkInfo;
-use crate::vf::VfTarget;
+use crate::vf::{DeviceKey, Target};
 use crate::vf_attrs::{VfSetting, VfState};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
-use sriov_helpers::PciAddress;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -31,8 +30,8 @@ pub enum StateError {
         #[source]
         source: io::Error,
     },
-    #[error("VF {pci} is locked by another kroce-cni call (waited {waited:?})")]
-    LockTimeout { pci: PciAddress, waited: Duration },
+    #[error("device {key} is locked by another kroce-cni call (waited {waited:?})")]
+    LockTimeout { key: DeviceKey, waited: Duration },
     #[error("state file {path} is corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }
@@ -96,7 +95,7 @@ pub struct Planned {
 #[serde(rename_all = "camelCase")]
 pub struct Claim {
     pub version: u32,
-    pub vf: VfTarget,
+    pub vf: Target,
     #[serde(rename = "containerID")]
     pub container_id: String,
     pub ifname: String,
@@ -151,16 +150,16 @@ impl StateDir {
         &self.root
     }
 
-    pub fn claim_path(&self, pci: &PciAddress) -> PathBuf {
+    pub fn claim_path(&self, pci: &DeviceKey) -> PathBuf {
         self.root.join("vf").join(format!("{pci}.json"))
     }
 
-    fn lock_path(&self, pci: &PciAddress) -> PathBuf {
+    fn lock_path(&self, pci: &DeviceKey) -> PathBuf {
         self.root.join("locks").join(format!("{pci}.lock"))
     }
 
     /// Takes the per-VF lock, waiting up to `timeout`.
-    pub fn lock_vf(&self, pci: &PciAddress, timeout: Duration) -> Result<VfLock, StateError> {
+    pub fn lock_vf(&self, pci: &DeviceKey, timeout: Duration) -> Result<VfLock, StateError> {
         let path = self.lock_path(pci);
         let dir = self.root.join("locks");
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -187,7 +186,7 @@ impl StateDir {
             }
             if start.elapsed() >= timeout {
                 return Err(StateError::LockTimeout {
-                    pci: *pci,
+                    key: pci.clone(),
                     waited: start.elapsed(),
                 });
             }
@@ -195,7 +194,7 @@ impl StateDir {
         }
     }
 
-    pub fn read_claim(&self, pci: &PciAddress) -> Result<Option<Claim>, StateError> {
+    pub fn read_claim(&self, pci: &DeviceKey) -> Result<Option<Claim>, StateError> {
         let path = self.claim_path(pci);
         match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b)
@@ -210,13 +209,13 @@ impl StateDir {
     }
 
     pub fn write_claim(&self, claim: &Claim) -> Result<(), StateError> {
-        let path = self.claim_path(&claim.vf.pci);
+        let path = self.claim_path(&claim.vf.key());
         let bytes =
             serde_json::to_vec_pretty(claim).map_err(|e| io_err(&path)(io::Error::other(e)))?;
         write_atomic(&path, &bytes).map_err(io_err(&path))
     }
 
-    pub fn remove_claim(&self, pci: &PciAddress) -> Result<(), StateError> {
+    pub fn remove_claim(&self, pci: &DeviceKey) -> Result<(), StateError> {
         let path = self.claim_path(pci);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path)(e)),
@@ -240,10 +239,7 @@ impl StateDir {
             .collect();
         names.sort();
         for name in names {
-            let Some(pci) = name
-                .strip_suffix(".json")
-                .and_then(|p| p.parse::<PciAddress>().ok())
-            else {
+            let Some(pci) = name.strip_suffix(".json").and_then(DeviceKey::from_stem) else {
                 continue;
             };
             match self.read_claim(&pci) {
@@ -281,7 +277,7 @@ mod tests {
     fn lock_is_exclusive_and_survives_file_removal() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateDir::new(dir.path());
-        let pci: PciAddress = "0000:3b:00.2".parse().unwrap();
+        let pci = DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
         let a = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
         let e = s.lock_vf(&pci, Duration::from_millis(30)).unwrap_err();
         assert!(matches!(e, StateError::LockTimeout { .. }), "{e}");
@@ -296,7 +292,7 @@ mod tests {
     fn concurrent_lockers_never_overlap() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateDir::new(dir.path());
-        let pci: PciAddress = "0000:3b:00.2".parse().unwrap();
+        let pci = DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
         let inside = std::sync::atomic::AtomicU32::new(0);
         std::thread::scope(|sc| {
             for _ in 0..4 {

@@ -1,5 +1,6 @@
-//! Resolving a VF from sysfs under a host root: its PF, VF index, netdev and
-//! RDMA device. Reads only.
+//! Resolving the device a config names from sysfs under a host root: a VF
+//! (its PF, VF index, netdev and RDMA device) or a soft RDMA device (rxe,
+//! siw: its parent netdev). Reads only.
 
 use sriov_helpers::pci::read_pci_device;
 use sriov_helpers::{HostError, HostRoot, PciAddress};
@@ -20,8 +21,122 @@ pub struct VfTarget {
     pub driver: Option<String>,
 }
 
+/// What identifies a device: its claim and lock files are named by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKey {
+    Pci(PciAddress),
+    /// A soft RDMA device's name (validated by `config::rdma_name_ok`).
+    Soft(String),
+}
+
+impl std::fmt::Display for DeviceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceKey::Pci(a) => a.fmt(f),
+            DeviceKey::Soft(n) => f.write_str(n),
+        }
+    }
+}
+
+impl DeviceKey {
+    /// `VF 0000:3b:00.2` / `soft RDMA device rxe0`, for messages.
+    pub fn label(&self) -> String {
+        match self {
+            DeviceKey::Pci(a) => format!("VF {a}"),
+            DeviceKey::Soft(n) => format!("soft RDMA device {n}"),
+        }
+    }
+
+    /// From a state file stem; `None` for anything else found there.
+    pub fn from_stem(s: &str) -> Option<Self> {
+        match s.parse::<PciAddress>() {
+            Ok(a) => Some(DeviceKey::Pci(a)),
+            Err(_) if crate::config::rdma_name_ok(s) => Some(DeviceKey::Soft(s.to_string())),
+            Err(_) => None,
+        }
+    }
+}
+
+/// A soft RDMA device: no PF, so no PF-side VF attributes; its parent
+/// netdev is what moves into the pod.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SoftTarget {
+    /// The RDMA device name (also its key).
+    pub soft_rdma: String,
+    /// The parent netdev as sysfs names it.
+    pub netdev: Option<String>,
+}
+
+/// The device an attachment holds. Untagged: claims written before soft
+/// devices existed read as `Vf`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum Target {
+    Vf(VfTarget),
+    Soft(SoftTarget),
+}
+
+impl Target {
+    pub fn key(&self) -> DeviceKey {
+        match self {
+            Target::Vf(v) => DeviceKey::Pci(v.pci),
+            Target::Soft(s) => DeviceKey::Soft(s.soft_rdma.clone()),
+        }
+    }
+    pub fn netdev(&self) -> Option<&String> {
+        match self {
+            Target::Vf(v) => v.netdev.as_ref(),
+            Target::Soft(s) => s.netdev.as_ref(),
+        }
+    }
+    /// The RDMA device that follows the netdev.
+    pub fn rdma(&self) -> Option<&String> {
+        match self {
+            Target::Vf(v) => v.rdma.as_ref(),
+            Target::Soft(s) => Some(&s.soft_rdma),
+        }
+    }
+    pub fn pci(&self) -> Option<PciAddress> {
+        match self {
+            Target::Vf(v) => Some(v.pci),
+            Target::Soft(_) => None,
+        }
+    }
+    /// The VF, for PF-side attributes.
+    pub fn vf(&self) -> Option<&VfTarget> {
+        match self {
+            Target::Vf(v) => Some(v),
+            Target::Soft(_) => None,
+        }
+    }
+}
+
+/// `VF 0000:3b:00.2` / `soft RDMA device rxe0`, for messages.
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Vf(v) => write!(f, "VF {}", v.pci),
+            Target::Soft(s) => write!(f, "soft RDMA device {}", s.soft_rdma),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum VfError {
+    #[error("soft RDMA device {name} not found under {path}")]
+    SoftNotFound { name: String, path: String },
+    #[error(
+        "RDMA device {name} is not a soft device (no parent netdev in {path}); give its VF PCI address"
+    )]
+    NotSoft { name: String, path: String },
+    #[error("soft RDMA device {name}: {path}: {source}")]
+    SoftIo {
+        name: String,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("PCI device {pci} not found under {path}")]
     NotFound { pci: PciAddress, path: String },
     #[error("PCI device {pci} is not a VF (no physfn link){hint}")]
@@ -36,6 +151,46 @@ pub enum VfError {
         #[source]
         source: HostError,
     },
+}
+
+/// Reads the device `key` names from `root`'s sysfs.
+pub fn resolve_key(root: &HostRoot, key: &DeviceKey) -> Result<Target, VfError> {
+    match key {
+        DeviceKey::Pci(pci) => resolve(root, *pci).map(Target::Vf),
+        DeviceKey::Soft(name) => resolve_soft(root, name).map(Target::Soft),
+    }
+}
+
+/// Reads a soft RDMA device's parent netdev (`sys/class/infiniband/<name>/parent`).
+pub fn resolve_soft(root: &HostRoot, name: &str) -> Result<SoftTarget, VfError> {
+    let dir = root.class_infiniband().join(name);
+    if std::fs::symlink_metadata(&dir).is_err() {
+        return Err(VfError::SoftNotFound {
+            name: name.to_string(),
+            path: root.class_infiniband().display().to_string(),
+        });
+    }
+    let parent = dir.join("parent");
+    let netdev = match std::fs::read_to_string(&parent) {
+        Ok(s) => s.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(VfError::NotSoft {
+                name: name.to_string(),
+                path: parent.display().to_string(),
+            });
+        }
+        Err(e) => {
+            return Err(VfError::SoftIo {
+                name: name.to_string(),
+                path: parent.display().to_string(),
+                source: e,
+            });
+        }
+    };
+    Ok(SoftTarget {
+        soft_rdma: name.to_string(),
+        netdev: (!netdev.is_empty()).then_some(netdev),
+    })
 }
 
 /// Reads the VF at `pci` and its PF from `root`'s sysfs.
@@ -91,6 +246,59 @@ mod tests {
         assert_eq!(vf.netdev.as_deref(), Some("ens1f0v2"));
         assert!(vf.rdma.as_deref().unwrap().starts_with("mlx5_"));
         assert_eq!(vf.driver.as_deref(), Some("mlx5_core"));
+    }
+
+    #[test]
+    fn resolves_soft_device() {
+        let mut h = FixtureHost::connectx6dx_pair().unwrap();
+        h.add_rxe("rxe_t0", "veth_t0").unwrap();
+        let key = DeviceKey::from_stem("rxe_t0").unwrap();
+        let t = resolve_key(&h.root(), &key).unwrap();
+        assert_eq!(t.netdev().map(String::as_str), Some("veth_t0"));
+        assert_eq!(t.rdma().map(String::as_str), Some("rxe_t0"));
+        assert_eq!(t.key(), key);
+        assert!(t.vf().is_none() && t.pci().is_none());
+        assert_eq!(t.to_string(), "soft RDMA device rxe_t0");
+        let e = resolve_soft(&h.root(), "rxe_nope").unwrap_err();
+        assert!(matches!(e, VfError::SoftNotFound { .. }), "{e}");
+        // A hardware RDMA device is not a soft one.
+        let hw = sriov_helpers::rdma::list_rdma_devices(&h.root())
+            .unwrap()
+            .into_iter()
+            .find(|n| n.starts_with("mlx5_"))
+            .unwrap();
+        let e = resolve_soft(&h.root(), &hw).unwrap_err();
+        assert!(matches!(e, VfError::NotSoft { .. }), "{e}");
+    }
+
+    #[test]
+    fn keys_from_file_stems() {
+        assert_eq!(
+            DeviceKey::from_stem("0000:3b:00.2"),
+            Some(DeviceKey::Pci("0000:3b:00.2".parse().unwrap()))
+        );
+        assert_eq!(
+            DeviceKey::from_stem("rxe_t0"),
+            Some(DeviceKey::Soft("rxe_t0".into()))
+        );
+        assert_eq!(DeviceKey::from_stem(".."), None);
+        assert_eq!(DeviceKey::from_stem("a:b"), None);
+    }
+
+    #[test]
+    fn old_claims_read_as_vf() {
+        let h = FixtureHost::connectx6dx_pair().unwrap();
+        let vf = resolve(&h.root(), "0000:3b:00.4".parse().unwrap()).unwrap();
+        let json = serde_json::to_value(&vf).unwrap();
+        let t: Target = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(t, Target::Vf(vf));
+        assert_eq!(serde_json::to_value(&t).unwrap(), json);
+        let s = Target::Soft(SoftTarget {
+            soft_rdma: "rxe_t0".into(),
+            netdev: Some("v0".into()),
+        });
+        let back: Target = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
     }
 
     #[test]

@@ -211,7 +211,9 @@ fn rollback_at_every_step() {
     // The plan's steps, each mapped to the backend call that carries it.
     let conf =
         kroce_cni::config::parse(&serde_json::to_vec(&cfg).unwrap(), &Default::default()).unwrap();
-    let vf = kroce_cni::vf::resolve(&bed.fixture.root(), bed.vf_pci(0).parse().unwrap()).unwrap();
+    let vf = kroce_cni::vf::Target::Vf(
+        kroce_cni::vf::resolve(&bed.fixture.root(), bed.vf_pci(0).parse().unwrap()).unwrap(),
+    );
     let (plan, _) =
         kroce_cni::plan::plan_add(&conf, "net1", &vf, Some(Ok(RdmaNetnsMode::Exclusive))).unwrap();
     use kroce_cni::plan::Step;
@@ -878,4 +880,223 @@ fn chained_add_keeps_the_previous_result() {
     )
     .ok();
     assert!(bed.leases().is_empty());
+}
+
+/// A bed with a soft RDMA device `rxe_t0` over a real macvlan `kvf0` in the
+/// host netns (the kind e2e's rxe-over-macvlan "VF").
+fn soft_bed() -> TestBed {
+    let mut bed = TestBed::new(0).unwrap();
+    bed.host
+        .ip(&[
+            "link", "add", "kup0", "type", "veth", "peer", "name", "kup0p",
+        ])
+        .unwrap();
+    bed.host
+        .ip(&[
+            "link", "add", "kvf0", "link", "kup0", "type", "macvlan", "mode", "bridge",
+        ])
+        .unwrap();
+    bed.host
+        .ip(&["link", "set", "kvf0", "address", "02:00:00:00:5f:01"])
+        .unwrap();
+    bed.fixture.add_rxe("rxe_t0", "kvf0").unwrap();
+    bed
+}
+
+#[test]
+fn soft_device_add_check_del_round_trip() {
+    if skip_without_netns("soft_device_add_check_del_round_trip") {
+        return;
+    }
+    let bed = soft_bed();
+    let mut kit = bed.kit();
+    kit.rdma = RecordingRdma::new(Ok(RdmaNetnsMode::Exclusive)).with_device(
+        "rxe_t0",
+        3,
+        &bed.host.open().unwrap(),
+    );
+    let host_before = bed.host.links().unwrap();
+    let cfg = bed.config(json!({
+        "cniVersion": "1.1.0",
+        "deviceID": "rxe_t0",
+        "mac": "02:aa:bb:cc:dd:05",
+        "mtu": 1400,
+        "rdma": true,
+        "memlock": "unlimited"
+    }));
+
+    let r = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "s1", "net1"),
+            &cfg,
+        )
+        .ok()
+        .unwrap();
+    assert_eq!(r["interfaces"][0]["name"], "net1");
+    assert!(
+        r["interfaces"][0].get("pciID").is_none(),
+        "a soft device has no PCI address: {r}"
+    );
+    assert_eq!(r["ips"][0]["address"], "10.77.0.2/24");
+    let net1 = bed.pod.link("net1").expect("net1 in pod");
+    assert_eq!(net1.mac, "02:aa:bb:cc:dd:05");
+    assert_eq!(net1.mtu, 1400);
+    assert!(net1.up);
+    assert_eq!(bed.pod.addresses("net1").unwrap(), vec!["10.77.0.2/24"]);
+    assert!(bed.host.link("kvf0").is_none());
+    // No PF side at all; the rxe device follows its netdev.
+    assert!(kit.vf.sent.is_empty(), "{:?}", kit.vf.sent);
+    assert_eq!(
+        kit.rdma.netns_of("rxe_t0"),
+        Some(bed.pod.open().unwrap().id())
+    );
+    // Claim and lock keyed by the device name.
+    let files = bed.state_files();
+    assert!(files.iter().any(|f| f == "vf/rxe_t0.json"), "{files:?}");
+    assert!(files.iter().any(|f| f == "locks/rxe_t0.lock"), "{files:?}");
+    assert_eq!(bed.leases(), vec!["10.77.0.2"]);
+
+    // A second attachment of the same device is refused while s1 lives.
+    let e = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "s2", "net2"),
+            &cfg,
+        )
+        .err();
+    assert_eq!(e.code, code::TRY_AGAIN, "{e}");
+    assert!(e.msg.contains("soft RDMA device rxe_t0"), "{e}");
+
+    let mut check_cfg = cfg.clone();
+    check_cfg["prevResult"] = r.clone();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("CHECK", "s1", "net1"),
+        &check_cfg,
+    )
+    .ok();
+
+    for _ in 0..2 {
+        bed.call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("DEL", "s1", "net1"),
+            &cfg,
+        )
+        .ok();
+        assert_eq!(bed.host.links().unwrap(), host_before);
+        assert_eq!(bed.pod.links().unwrap().len(), 1, "only lo left in the pod");
+        assert_eq!(
+            kit.rdma.netns_of("rxe_t0"),
+            Some(bed.host.open().unwrap().id())
+        );
+        assert!(bed.leases().is_empty());
+        assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+    }
+}
+
+#[test]
+fn soft_device_rollback_on_failure() {
+    if skip_without_netns("soft_device_rollback_on_failure") {
+        return;
+    }
+    let bed = soft_bed();
+    let mut kit = bed.kit();
+    let host_before = bed.host.links().unwrap();
+    let cfg = bed.config(json!({"deviceID": "rxe_t0", "mtu": 1400, "rdma": false}));
+    let e = bed
+        .call(
+            &mut kit,
+            &Faults::fail_at("ipam.add", 0),
+            &bed.env("ADD", "s1", "net1"),
+            &cfg,
+        )
+        .err();
+    assert_ne!(e.code, 0, "{e}");
+    assert_eq!(bed.host.links().unwrap(), host_before);
+    assert_eq!(bed.pod.links().unwrap().len(), 1);
+    assert!(bed.leases().is_empty());
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
+#[test]
+fn soft_device_refusals_change_nothing() {
+    if skip_without_netns("soft_device_refusals_change_nothing") {
+        return;
+    }
+    let bed = soft_bed();
+    let mut kit = bed.kit();
+    let host_before = bed.host.links().unwrap();
+    let cases = [
+        (
+            json!({"deviceID": "rxe_t0", "vlan": 100}),
+            code::INVALID_CONFIG,
+            "vlan",
+        ),
+        (
+            json!({"deviceID": "rxe_t0", "max_tx_rate": 10}),
+            code::INVALID_CONFIG,
+            "max_tx_rate",
+        ),
+        (
+            json!({"deviceID": "../rxe_t0"}),
+            code::INVALID_CONFIG,
+            "deviceID",
+        ),
+        (json!({"deviceID": ".."}), code::INVALID_CONFIG, "deviceID"),
+        (json!({"deviceID": "rxe_gone"}), code::VF_LOOKUP, "rxe_gone"),
+    ];
+    for (extra, want, field) in cases {
+        let cfg = bed.config(extra.clone());
+        let e = bed
+            .call(
+                &mut kit,
+                &Faults::none(),
+                &bed.env("ADD", "s1", "net1"),
+                &cfg,
+            )
+            .err();
+        assert_eq!(e.code, want, "{extra}: {e}");
+        assert!(e.msg.contains(field), "{extra}: {e}");
+        if extra.get("vlan").is_some() || extra.get("max_tx_rate").is_some() {
+            assert!(e.msg.contains("soft RDMA device"), "{extra}: {e}");
+        }
+        assert_eq!(bed.host.links().unwrap(), host_before);
+        assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+        assert!(bed.leases().is_empty());
+    }
+}
+
+#[test]
+fn soft_device_gc_releases_stale_attachment() {
+    if skip_without_netns("soft_device_gc_releases_stale_attachment") {
+        return;
+    }
+    let bed = soft_bed();
+    let mut kit = bed.kit();
+    let host_before = bed.host.links().unwrap();
+    let cfg = bed.config(json!({"cniVersion": "1.1.0", "deviceID": "rxe_t0", "rdma": false}));
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "s1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert!(bed.pod.link("net1").is_some());
+
+    let mut gc_cfg = bed.config(json!({"cniVersion": "1.1.0", "rdma": false}));
+    gc_cfg["cni.dev/valid-attachments"] = json!([]);
+    let mut env_gc = std::collections::HashMap::new();
+    env_gc.insert("CNI_COMMAND".to_string(), "GC".to_string());
+    env_gc.insert("CNI_PATH".to_string(), "/usr/lib/cni".to_string());
+    bed.call(&mut kit, &Faults::none(), &env_gc, &gc_cfg).ok();
+    assert_eq!(bed.host.links().unwrap(), host_before);
+    assert!(bed.pod.link("net1").is_none());
+    assert!(bed.leases().is_empty());
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
 }

@@ -77,14 +77,18 @@ fn operator_pool_configs_are_accepted_by_the_device_plugin() {
 
 #[test]
 fn operator_network_configs_are_accepted_by_the_cni() {
-    for path in [
-        "charts/kroce/examples/rdmanetwork-connectx.yaml",
-        "e2e/kind/rdmanetwork-rxe.yaml",
+    // deviceID as Multus passes it: the device plugin's device ID (a VF's
+    // PCI address, a soft device's RDMA device name).
+    for (path, device_id) in [
+        (
+            "charts/kroce/examples/rdmanetwork-connectx.yaml",
+            "0000:3b:00.2",
+        ),
+        ("e2e/kind/rdmanetwork-rxe.yaml", "rxe_kvf0"),
     ] {
         let net = network(path);
         let mut conf = kroce_operator::plan::nad::cni_config(&net.name, &net.spec);
-        // What Multus adds from the device plugin's allocation.
-        conf["deviceID"] = "0000:3b:00.2".into();
+        conf["deviceID"] = device_id.into();
         let bytes = serde_json::to_vec(&conf).unwrap();
         let args = kroce_cni::protocol::env::CniArgs::parse("").unwrap();
         kroce_cni::config::parse(&bytes, &args)

@@ -2,7 +2,7 @@
 //! state, then run the plan; any failure releases everything done so far.
 
 use super::release::release_claim;
-use super::{Backends, Node, Request, device_pci, open_netns};
+use super::{Backends, Node, Request, device_key, open_netns};
 use crate::ipam::{self, IpamRequest};
 use crate::links::Links;
 use crate::log::Logger;
@@ -25,10 +25,10 @@ pub fn add(
     let cid = env.container_id();
 
     // --- Reads and validation: nothing is touched until the claim. ---
-    let pci = device_pci(conf)?;
-    let vf = crate::vf::resolve(&node.host_root, pci)
+    let key = device_key(conf)?;
+    let vf = crate::vf::resolve_key(&node.host_root, &key)
         .map_err(|e| CniError::new(code::VF_LOOKUP, e.to_string()))?;
-    let rdma_mode = match (&vf.rdma, conf.rdma) {
+    let rdma_mode = match (vf.rdma(), conf.rdma) {
         (Some(_), p) if p != crate::config::RdmaPolicy::Never => {
             Some(b.rdma.netns_mode().map_err(|e| e.to_string()))
         }
@@ -68,12 +68,12 @@ pub fn add(
     // --- The VF is ours from here. ---
     let lock = node
         .state
-        .lock_vf(&pci, node.lock_timeout)
+        .lock_vf(&key, node.lock_timeout)
         .map_err(|e| CniError::new(code::TRY_AGAIN, e.to_string()))?;
     let prepared = (|| {
-        take_over_stale_claim(req, node, b, log, &pod_ns, &lock, pci)?;
+        take_over_stale_claim(req, node, b, log, &pod_ns, &lock, &key)?;
         // A VF returned from a dead netns may carry another name now.
-        let vf = crate::vf::resolve(&node.host_root, pci)
+        let vf = crate::vf::resolve_key(&node.host_root, &key)
             .map_err(|e| CniError::new(code::VF_LOOKUP, e.to_string()))?;
         let plan = AddPlan {
             vf: vf.clone(),
@@ -84,13 +84,19 @@ pub fn add(
             .links
             .open(&node.host_netns)
             .map_err(|e| CniError::new(code::NETLINK, e.to_string()))?;
-        let host_name = vf.netdev.clone().ok_or_else(|| {
+        let host_name = vf.netdev().cloned().ok_or_else(|| {
             CniError::new(
                 code::VF_LOOKUP,
-                format!(
-                    "VF {pci} has no netdev in the host netns (driver {}; held by another netns, or bound to a non-netdev driver such as vfio-pci)",
-                    vf.driver.as_deref().unwrap_or("none")
-                ),
+                match &vf {
+                    crate::vf::Target::Vf(v) => format!(
+                        "VF {} has no netdev in the host netns (driver {}; held by another netns, or bound to a non-netdev driver such as vfio-pci)",
+                        v.pci,
+                        v.driver.as_deref().unwrap_or("none")
+                    ),
+                    crate::vf::Target::Soft(_) => {
+                        format!("{vf} has no parent netdev (no `parent` in sysfs)")
+                    }
+                },
             )
         })?;
         let link = host
@@ -100,18 +106,25 @@ pub fn add(
                 CniError::new(
                     code::VF_LOOKUP,
                     format!(
-                        "VF {pci} netdev {host_name} is not in the host netns {}",
+                        "{} netdev {host_name} is not in the host netns {}",
+                        key.label(),
                         node.host_netns.path().display()
                     ),
                 )
             })?;
-        let original_vf = if plan.vf_settings.is_empty() {
-            None
-        } else {
-            Some(
-                b.vf.get(&vf.pf_ifname, vf.vf_index)
+        let original_vf = match (plan.vf_settings.is_empty(), vf.vf()) {
+            (true, _) => None,
+            (false, Some(v)) => Some(
+                b.vf.get(&v.pf_ifname, v.vf_index)
                     .map_err(|e| CniError::new(code::VF_CONFIG, e.to_string()))?,
-            )
+            ),
+            // plan_add refuses PF-side settings without a PF.
+            (false, None) => {
+                return Err(CniError::new(
+                    code::INVALID_CONFIG,
+                    format!("{vf} has no PF: PF-side VF attributes cannot be set"),
+                ));
+            }
         };
         let claim = Claim {
             version: 1,
@@ -146,7 +159,7 @@ pub fn add(
         Ok(p) => p,
         Err(e) => {
             // Nothing was claimed: leave no lock file behind either.
-            if matches!(node.state.read_claim(&pci), Ok(None)) {
+            if matches!(node.state.read_claim(&key), Ok(None)) {
                 lock.remove_file();
             }
             return Err(e);
@@ -173,8 +186,8 @@ pub fn add(
             match node.state.write_claim(&claim) {
                 Ok(()) => {
                     log.info(&format!(
-                        "attached VF {pci} ({host_name}) as {ifname} in {}",
-                        claim.netns
+                        "attached {} ({host_name}) as {ifname} in {}",
+                        claim.vf, claim.netns
                     ));
                     Ok(result)
                 }
@@ -222,7 +235,13 @@ fn run_steps(
         match step {
             Step::VfSetting(i) => {
                 let s = &run.plan.vf_settings[i];
-                b.vf.set(&vf.pf_ifname, vf.vf_index, s)
+                let v = vf.vf().ok_or_else(|| {
+                    CniError::new(
+                        code::INVALID_CONFIG,
+                        format!("{vf} has no PF: PF-side VF attributes cannot be set"),
+                    )
+                })?;
+                b.vf.set(&v.pf_ifname, v.vf_index, s)
                     .map_err(|e| CniError::new(code::VF_CONFIG, e.to_string()))?;
             }
             Step::DropAltnames => {
@@ -274,10 +293,7 @@ fn run_steps(
                         Ok(crate::rdma::Moved::NotFound) => {
                             return Err(CniError::new(
                                 code::RDMA,
-                                format!(
-                                    "RDMA device {dev} of VF {} is not in the host netns",
-                                    vf.pci
-                                ),
+                                format!("RDMA device {dev} of {vf} is not in the host netns"),
                             ));
                         }
                         Err(e) => return Err(CniError::new(code::RDMA, e.to_string())),
@@ -340,7 +356,7 @@ fn run_steps(
         mtu: Some(final_link.mtu),
         sandbox: Some(claim.netns.clone()),
         socket_path: None,
-        pci_id: Some(vf.pci.to_string()),
+        pci_id: vf.pci().map(|p| p.to_string()),
     }];
     for ip in &mut ours.ips {
         ip.interface = Some(0);
@@ -405,14 +421,15 @@ fn take_over_stale_claim(
     pod_ns: &Netns,
     // Proof the VF lock is held; its file stays: this ADD goes on with it.
     _held: &VfLock,
-    pci: sriov_helpers::PciAddress,
+    key: &crate::vf::DeviceKey,
 ) -> Result<(), CniError> {
-    let old = match node.state.read_claim(&pci) {
+    let pci = key.label();
+    let old = match node.state.read_claim(key) {
         Ok(Some(c)) => c,
         Ok(None) => return Ok(()),
         Err(e) => {
-            log.warn(&format!("{e}; treating VF {pci} as free"));
-            let _ = node.state.remove_claim(&pci);
+            log.warn(&format!("{e}; treating {pci} as free"));
+            let _ = node.state.remove_claim(key);
             return Ok(());
         }
     };
@@ -423,7 +440,7 @@ fn take_over_stale_claim(
         return Err(CniError::new(
             code::TRY_AGAIN,
             format!(
-                "VF {pci} is held by container {} ({} in netns {}{})",
+                "{pci} is held by container {} ({} in netns {}{})",
                 old.container_id,
                 old.ifname,
                 old.netns,
@@ -436,7 +453,7 @@ fn take_over_stale_claim(
         ));
     }
     log.warn(&format!(
-        "VF {pci}: releasing the {} claim of container {} ({} in {}) first",
+        "{pci}: releasing the {} claim of container {} ({} in {}) first",
         if alive {
             "earlier"
         } else {
@@ -453,7 +470,7 @@ fn take_over_stale_claim(
         Err(CniError::new(
             code::TRY_AGAIN,
             format!(
-                "VF {pci}: the previous holder {} could not be released",
+                "{pci}: the previous holder {} could not be released",
                 old.container_id
             ),
         )

@@ -45,10 +45,7 @@ pub fn check(
         .map_err(|e| CniError::new(code::NETLINK, e.to_string()))?
         .ok_or_else(|| failed(format!("interface {ifname} is missing from netns {ns_s}")))?;
     if !is_our_link(&link, &claim) {
-        return Err(failed(format!(
-            "{ifname} in {ns_s} is not VF {}",
-            claim.vf.pci
-        )));
+        return Err(failed(format!("{ifname} in {ns_s} is not {}", claim.vf)));
     }
     if !link.up {
         return Err(failed(format!("{ifname} in {ns_s} is down")));

@@ -3,7 +3,7 @@
 //! releases this attachment's IPAM lease and memlock entry.
 
 use super::release::{ipam_release, release_claim};
-use super::{Backends, Node, Request, device_pci};
+use super::{Backends, Node, Request, device_key};
 use crate::log::Logger;
 use crate::memlock::MemlockDir;
 use crate::protocol::{CniError, code};
@@ -15,12 +15,12 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
 
     // The VF this attachment holds: the config's device when its claim is
     // ours, else a scan (the device-info file may be gone by now).
-    let hinted = device_pci(&req.conf)
+    let hinted = device_key(&req.conf)
         .ok()
         .and_then(|p| node.state.read_claim(&p).ok().flatten())
         .filter(|c| c.owned_by(cid, ifname))
-        .map(|c| c.vf.pci);
-    let pci = hinted.or_else(|| node.state.find_claim(cid, ifname).map(|c| c.vf.pci));
+        .map(|c| c.vf.key());
+    let pci = hinted.or_else(|| node.state.find_claim(cid, ifname).map(|c| c.vf.key()));
 
     let mut released = false;
     if let Some(pci) = pci {
@@ -38,7 +38,8 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
                 released = true;
             }
             Ok(_) => log.info(&format!(
-                "VF {pci} is no longer held by {cid}/{ifname}: not touched"
+                "{} is no longer held by {cid}/{ifname}: not touched",
+                pci.label()
             )),
             Err(e) => errors.push(e.to_string()),
         }

@@ -37,7 +37,7 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
         if c.network != req.conf.name || is_valid(&c.container_id, &c.ifname) {
             continue;
         }
-        let lock = match node.state.lock_vf(&c.vf.pci, node.lock_timeout) {
+        let lock = match node.state.lock_vf(&c.vf.key(), node.lock_timeout) {
             Ok(l) => l,
             Err(e) => {
                 errors.push(e.to_string());
@@ -45,11 +45,11 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
             }
         };
         // Re-read under the lock: an ADD may have replaced it meanwhile.
-        match node.state.read_claim(&c.vf.pci) {
+        match node.state.read_claim(&c.vf.key()) {
             Ok(Some(cur)) if cur.owned_by(&c.container_id, &c.ifname) => {
                 log.info(&format!(
-                    "GC: releasing VF {} of stale attachment {}/{}",
-                    cur.vf.pci, cur.container_id, cur.ifname
+                    "GC: releasing {} of stale attachment {}/{}",
+                    cur.vf, cur.container_id, cur.ifname
                 ));
                 let left = release_claim(&cur, node, b, log);
                 if left.is_empty() {

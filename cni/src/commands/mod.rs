@@ -17,8 +17,9 @@ use crate::netns::Netns;
 use crate::protocol::{CniEnv, CniError, CniVersion, Command, code};
 use crate::rdma::RdmaControl;
 use crate::state::{DEFAULT_STATE_DIR, StateDir};
+use crate::vf::DeviceKey;
 use crate::vf_config::VfConfig;
-use sriov_helpers::{HostRoot, PciAddress};
+use sriov_helpers::HostRoot;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -131,13 +132,14 @@ pub fn run(
     }
 }
 
-/// The VF a config names, reading the device-info file if that is where
-/// it is. Errors are config errors (code 7).
-pub fn device_pci(conf: &NetConf) -> Result<PciAddress, CniError> {
+/// The device a config names (VF or soft RDMA device), reading the
+/// device-info file if that is where it is. Errors are config errors (code 7).
+pub fn device_key(conf: &NetConf) -> Result<DeviceKey, CniError> {
     match &conf.device {
-        DeviceRef::Pci { addr, .. } => Ok(*addr),
+        DeviceRef::Pci { addr, .. } => Ok(DeviceKey::Pci(*addr)),
+        DeviceRef::Soft { name, .. } => Ok(DeviceKey::Soft(name.clone())),
         DeviceRef::InfoFile(path) => crate::device_info::read(path)
-            .map(|d| d.pci_address)
+            .map(|d| DeviceKey::Pci(d.pci_address))
             .map_err(|e| {
                 CniError::new(
                     code::INVALID_CONFIG,
@@ -146,7 +148,7 @@ pub fn device_pci(conf: &NetConf) -> Result<PciAddress, CniError> {
             }),
         DeviceRef::Missing => Err(CniError::new(
             code::INVALID_CONFIG,
-            "no VF given: set deviceID (or runtimeConfig.deviceID, pciBusID, runtimeConfig.CNIDeviceInfoFile)",
+            "no VF given: set deviceID (a VF PCI address or a soft RDMA device name; or runtimeConfig.deviceID, pciBusID, runtimeConfig.CNIDeviceInfoFile)",
         )),
     }
 }

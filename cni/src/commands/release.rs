@@ -18,9 +18,10 @@ use std::path::Path;
 /// Whether `l` is the claim's VF netdev: the PCI parent when the kernel
 /// reports one (real VFs), else the recorded ifindex (virtual stand-ins).
 pub fn is_our_link(l: &LinkInfo, claim: &Claim) -> bool {
-    match &l.parent_dev {
-        Some(p) => *p == claim.vf.pci.to_string(),
-        None => l.index == claim.original.link.index || Some(l.index) == claim.pod_ifindex,
+    // A soft device's netdev may sit on a PCI NIC: only VFs go by parent.
+    match (&l.parent_dev, claim.vf.pci()) {
+        (Some(p), Some(pci)) => *p == pci.to_string(),
+        _ => l.index == claim.original.link.index || Some(l.index) == claim.pod_ifindex,
     }
 }
 
@@ -46,10 +47,10 @@ pub fn find_host_link(
         return Ok(Some(l));
     }
     let mut names = vec![claim.original.link.name.clone()];
-    if let Ok(vf) = crate::vf::resolve(&node.host_root, claim.vf.pci)
-        && let Some(n) = vf.netdev
+    if let Ok(vf) = crate::vf::resolve_key(&node.host_root, &claim.vf.key())
+        && let Some(n) = vf.netdev()
     {
-        names.push(n);
+        names.push(n.clone());
     }
     for n in names {
         if let Some(l) = host.by_name(&n)?
@@ -115,8 +116,8 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                     }
                 }
                 Ok(Some(l)) => log.warn(&format!(
-                    "{} in {} (ifindex {}) is not VF {}: left alone",
-                    claim.ifname, claim.netns, l.index, claim.vf.pci
+                    "{} in {} (ifindex {}) is not {}: left alone",
+                    claim.ifname, claim.netns, l.index, claim.vf
                 )),
                 Ok(None) => {}
                 Err(e) => note_or_error(&mut errors, log, &e),
@@ -127,12 +128,14 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
 
     // 3. PF-side attributes (before the netdev's own MAC: on real VFs a
     //    PF-side MAC change rewrites the VF netdev's address).
-    if let Some(orig_vf) = &claim.original.vf {
+    if let Some(orig_vf) = &claim.original.vf
+        && let Some(vf) = claim.vf.vf()
+    {
         for s in &claim.planned.vf_settings {
             let Some(o) = s.original_in(orig_vf) else {
                 continue;
             };
-            match b.vf.set(&claim.vf.pf_ifname, claim.vf.vf_index, &o) {
+            match b.vf.set(&vf.pf_ifname, vf.vf_index, &o) {
                 Ok(()) => {}
                 Err(e) if e.is_gone() => log.info(&format!("already gone: {e}")),
                 Err(e) => errors.push(e.to_string()),
@@ -150,8 +153,8 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         Ok(Some(l)) => l,
         Ok(None) => {
             log.info(&format!(
-                "VF {} netdev {} is not in the host netns (vanished, or still in a netns we cannot reach)",
-                claim.vf.pci, orig.name
+                "{} netdev {} is not in the host netns (vanished, or still in a netns we cannot reach)",
+                claim.vf, orig.name
             ));
             return errors;
         }
@@ -259,7 +262,7 @@ pub fn release_claim(
         errors.push(e.to_string());
     }
     if errors.is_empty()
-        && let Err(e) = node.state.remove_claim(&claim.vf.pci)
+        && let Err(e) = node.state.remove_claim(&claim.vf.key())
     {
         errors.push(e.to_string());
     }
