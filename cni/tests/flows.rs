@@ -5,16 +5,9 @@
 use kroce_cni::netlink::rdma::RdmaNetnsMode;
 use kroce_cni::netlink::route;
 use kroce_cni::protocol::code;
-use kroce_cni::testing::{Faults, NetnsGuard, RecordingRdma, TestBed, skip_without_netns};
+use kroce_cni::testing::{Faults, NetnsGuard, RecordingRdma, TestBed, hex, skip_without_netns};
 use kroce_cni::vf_attrs::{LinkState, VfSetting, VlanProto};
 use serde_json::{Value, json};
-
-fn hex(b: &[u8]) -> String {
-    b.iter()
-        .map(|x| format!("{x:02x}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 /// The RDMA device the fixture gives VF `i` of ens1f0.
 fn rdma_of(bed: &TestBed, i: u32) -> String {

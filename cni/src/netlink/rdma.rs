@@ -92,12 +92,7 @@ pub fn parse_netns_mode(payload: &[u8]) -> Result<RdmaNetnsMode, DecodeError> {
 mod tests {
     use super::*;
 
-    fn hex(b: &[u8]) -> String {
-        b.iter()
-            .map(|x| format!("{x:02x}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
+    use crate::testing::hex;
 
     #[test]
     fn set_netns_bytes() {

@@ -443,12 +443,7 @@ pub fn parse_address(payload: &[u8]) -> Result<(u32, IpNet), DecodeError> {
 mod tests {
     use super::*;
 
-    fn hex(b: &[u8]) -> String {
-        b.iter()
-            .map(|x| format!("{x:02x}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
+    use crate::testing::hex;
 
     // The expected bytes below are written out from the uapi structs
     // (x86-64, little endian), not produced by the builder.
