@@ -550,13 +550,7 @@ struct World {
 async fn list_world(ctx: &Context, pod_selector: &str) -> Result<World, Error> {
     let lp = ListParams::default();
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&lp).await?.items;
-    let states = Api::<RdmaNodeState>::all(ctx.client.clone())
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect();
+    let states = super::list_node_states(ctx).await?;
     let gates = Api::<RdmaNetwork>::all(ctx.client.clone())
         .list(&lp)
         .await?

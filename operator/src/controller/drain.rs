@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// On a node kroce is draining; the value says whether kroce cordoned it.
@@ -213,13 +213,7 @@ async fn evict(ctx: &Context, pods: &[String], errors: &mut Vec<kube::Error>) ->
 pub async fn step(ctx: &Context, enabled: bool) -> Result<Vec<DrainAction>, Error> {
     let lp = ListParams::default();
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&lp).await?.items;
-    let states: BTreeMap<String, RdmaNodeState> = Api::<RdmaNodeState>::all(ctx.client.clone())
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect();
+    let states = super::list_node_states(ctx).await?;
     let views: Vec<DrainNode> = nodes
         .iter()
         .map(|n| DrainNode {

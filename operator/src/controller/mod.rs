@@ -87,6 +87,19 @@ pub struct Context {
 /// The Events API refuses notes over 1 kB; keep a margin.
 const MAX_EVENT_NOTE: usize = 1000;
 
+/// Every RdmaNodeState, by name (= node name).
+pub(crate) async fn list_node_states(
+    ctx: &Context,
+) -> Result<std::collections::BTreeMap<String, crate::crd::RdmaNodeState>, kube::Error> {
+    Ok(Api::<crate::crd::RdmaNodeState>::all(ctx.client.clone())
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|s| (s.name_any(), s))
+        .collect())
+}
+
 /// `note` cut to what the Events API takes, on a character boundary.
 fn event_note(mut note: String) -> String {
     if note.len() > MAX_EVENT_NOTE {

@@ -35,13 +35,7 @@ async fn list_world(ctx: &Context) -> Result<World, Error> {
         .await?
         .items;
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&lp).await?.items;
-    let states = Api::<RdmaNodeState>::all(ctx.client.clone())
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect();
+    let states = super::list_node_states(ctx).await?;
     Ok(World {
         networks,
         nodes,
