@@ -1,0 +1,91 @@
+//! What `--log-level` / `KROCE_LOG_LEVEL` means for every kroce binary.
+//!
+//! A plain level (`debug`) is for kroce's own crates: turning on debug must
+//! not also turn on h2, hyper, tower and kube's frame-by-frame logs (one
+//! registration was ~90 lines of h2 frames). Other crates stay at `info`,
+//! or at the given level when that is quieter. A full tracing filter (it
+//! contains `=` or `,`) is for experts and is used as it is.
+
+/// The environment variable every kroce binary reads for its log level.
+pub const LOG_LEVEL_ENV: &str = "KROCE_LOG_LEVEL";
+
+/// The library and binary crates that are kroce's own (tracing targets are
+/// module paths, so a crate name covers all its modules).
+pub const KROCE_TARGETS: &[&str] = &[
+    "kroce_admission",
+    "kroce_cni",
+    "kroce_contracts",
+    "kroce_device_plugin",
+    "kroce_e2e",
+    "kroce_nri",
+    "kroce_operator",
+    "kroce_perftest_run",
+    "sriov_helpers",
+];
+
+const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// A level that is neither a known level nor a filter.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("log level {value:?} is not one of off, error, warn, info, debug, trace, nor a tracing filter such as \"info,kroce_cni=trace\"")]
+pub struct LogLevelError {
+    pub value: String,
+}
+
+/// The tracing `EnvFilter` directives for a `--log-level` value.
+pub fn env_filter_directives(level: &str) -> Result<String, LogLevelError> {
+    let level = level.trim();
+    if level.contains('=') || level.contains(',') {
+        return Ok(level.to_owned());
+    }
+    let lower = level.to_ascii_lowercase();
+    let Some(rank) = LEVELS.iter().position(|l| *l == lower) else {
+        return Err(LogLevelError {
+            value: level.to_owned(),
+        });
+    };
+    let info = LEVELS.iter().position(|l| *l == "info").unwrap_or(3);
+    let others = LEVELS[rank.min(info)];
+    let mut directives = vec![others.to_owned()];
+    directives.extend(KROCE_TARGETS.iter().map(|t| format!("{t}={lower}")));
+    Ok(directives.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_for_kroce_crates_only() {
+        let d = env_filter_directives("debug").expect("debug");
+        let parts: Vec<&str> = d.split(',').collect();
+        assert_eq!(parts[0], "info", "{d}");
+        assert!(parts.contains(&"kroce_device_plugin=debug"), "{d}");
+        assert!(parts.contains(&"sriov_helpers=debug"), "{d}");
+        assert!(!d.contains("h2"), "{d}");
+    }
+
+    #[test]
+    fn quieter_levels_apply_to_everyone() {
+        assert!(env_filter_directives("warn")
+            .expect("warn")
+            .starts_with("warn,"));
+        assert!(env_filter_directives("ERROR")
+            .expect("error")
+            .starts_with("error,"));
+    }
+
+    #[test]
+    fn filters_pass_through_and_nonsense_is_refused() {
+        assert_eq!(
+            env_filter_directives("info,h2=trace").expect("filter"),
+            "info,h2=trace"
+        );
+        assert_eq!(
+            env_filter_directives("kroce_cni=trace").expect("filter"),
+            "kroce_cni=trace"
+        );
+        let err = env_filter_directives("verbose").expect_err("verbose");
+        assert!(err.to_string().contains("\"verbose\""), "{err}");
+    }
+}
