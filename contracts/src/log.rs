@@ -27,7 +27,9 @@ const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
 
 /// A level that is neither a known level nor a filter.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("log level {value:?} is not one of off, error, warn, info, debug, trace, nor a tracing filter such as \"info,kroce_cni=trace\"")]
+#[error(
+    "log level {value:?} is not one of off, error, warn, info, debug, trace, nor a tracing filter such as \"info,kroce_cni=trace\""
+)]
 pub struct LogLevelError {
     pub value: String,
 }
@@ -67,12 +69,16 @@ mod tests {
 
     #[test]
     fn quieter_levels_apply_to_everyone() {
-        assert!(env_filter_directives("warn")
-            .expect("warn")
-            .starts_with("warn,"));
-        assert!(env_filter_directives("ERROR")
-            .expect("error")
-            .starts_with("error,"));
+        assert!(
+            env_filter_directives("warn")
+                .expect("warn")
+                .starts_with("warn,")
+        );
+        assert!(
+            env_filter_directives("ERROR")
+                .expect("error")
+                .starts_with("error,")
+        );
     }
 
     #[test]

@@ -31,15 +31,51 @@ pub const RLIM_INFINITY: u64 = u64::MAX;
 /// 10^18 bytes (the plain limit) and 10^15 KiB … 10^6 TiB all stay below
 /// 2^64, so no accepted value overflows.
 pub const UNITS: &[Unit] = &[
-    Unit { suffix: "", multiplier: 1, max_digits: 18 },
-    Unit { suffix: "Ki", multiplier: 1 << 10, max_digits: 15 },
-    Unit { suffix: "Mi", multiplier: 1 << 20, max_digits: 12 },
-    Unit { suffix: "Gi", multiplier: 1 << 30, max_digits: 9 },
-    Unit { suffix: "Ti", multiplier: 1 << 40, max_digits: 6 },
-    Unit { suffix: "k", multiplier: 1_000, max_digits: 15 },
-    Unit { suffix: "M", multiplier: 1_000_000, max_digits: 12 },
-    Unit { suffix: "G", multiplier: 1_000_000_000, max_digits: 9 },
-    Unit { suffix: "T", multiplier: 1_000_000_000_000, max_digits: 6 },
+    Unit {
+        suffix: "",
+        multiplier: 1,
+        max_digits: 18,
+    },
+    Unit {
+        suffix: "Ki",
+        multiplier: 1 << 10,
+        max_digits: 15,
+    },
+    Unit {
+        suffix: "Mi",
+        multiplier: 1 << 20,
+        max_digits: 12,
+    },
+    Unit {
+        suffix: "Gi",
+        multiplier: 1 << 30,
+        max_digits: 9,
+    },
+    Unit {
+        suffix: "Ti",
+        multiplier: 1 << 40,
+        max_digits: 6,
+    },
+    Unit {
+        suffix: "k",
+        multiplier: 1_000,
+        max_digits: 15,
+    },
+    Unit {
+        suffix: "M",
+        multiplier: 1_000_000,
+        max_digits: 12,
+    },
+    Unit {
+        suffix: "G",
+        multiplier: 1_000_000_000,
+        max_digits: 9,
+    },
+    Unit {
+        suffix: "T",
+        multiplier: 1_000_000_000_000,
+        max_digits: 6,
+    },
 ];
 
 /// One suffix of the grammar.
@@ -54,11 +90,17 @@ pub struct Unit {
 /// caller adds the field it came from.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MemlockError {
-    #[error("{value:?} is not a memlock size: expected \"unlimited\" or a whole number of bytes, optionally with Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), e.g. \"64Gi\"")]
+    #[error(
+        "{value:?} is not a memlock size: expected \"unlimited\" or a whole number of bytes, optionally with Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), e.g. \"64Gi\""
+    )]
     Syntax { value: String },
-    #[error("{value:?} has unknown unit {unit:?}: use Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), spelled as in Kubernetes quantities")]
+    #[error(
+        "{value:?} has unknown unit {unit:?}: use Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), spelled as in Kubernetes quantities"
+    )]
     Unit { value: String, unit: String },
-    #[error("{value:?} is zero or starts with 0: a memlock limit of 0 forbids every memory registration")]
+    #[error(
+        "{value:?} is zero or starts with 0: a memlock limit of 0 forbids every memory registration"
+    )]
     Zero { value: String },
     #[error("{value:?} has more than {max_digits} digits before {unit:?}: too large")]
     TooLarge {
@@ -126,10 +168,7 @@ impl FromStr for Memlock {
         }
         let Some(unit) = UNITS.iter().find(|u| u.suffix == suffix) else {
             // "1.5Gi", "64 Gi", "-1": not a unit problem but a shape one.
-            if suffix
-                .chars()
-                .all(|c| c.is_ascii_alphabetic())
-            {
+            if suffix.chars().all(|c| c.is_ascii_alphabetic()) {
                 return Err(MemlockError::Unit {
                     value: s.to_owned(),
                     unit: suffix.to_owned(),
@@ -223,7 +262,10 @@ mod tests {
             ("10M", Memlock::Bytes(10_000_000)),
             ("3k", Memlock::Bytes(3_000)),
             ("999999Ti", Memlock::Bytes(999_999 << 40)),
-            ("999999999999999999", Memlock::Bytes(999_999_999_999_999_999)),
+            (
+                "999999999999999999",
+                Memlock::Bytes(999_999_999_999_999_999),
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(text.parse::<Memlock>(), Ok(want), "{text}");
@@ -233,15 +275,36 @@ mod tests {
     #[test]
     fn refuses_other_spellings_naming_the_value() {
         for bad in [
-            "", "0", "00", "0Gi", "064Gi", "64g", "64K", "64gi", "64GB", "64 Gi", " 64Gi",
-            "1.5Gi", "-1", "+5", "1e9", "0x10", "Unlimited", "infinity", "1000000Ti",
-            "1000000000000000000", "18446744073709551615",
+            "",
+            "0",
+            "00",
+            "0Gi",
+            "064Gi",
+            "64g",
+            "64K",
+            "64gi",
+            "64GB",
+            "64 Gi",
+            " 64Gi",
+            "1.5Gi",
+            "-1",
+            "+5",
+            "1e9",
+            "0x10",
+            "Unlimited",
+            "infinity",
+            "1000000Ti",
+            "1000000000000000000",
+            "18446744073709551615",
         ] {
             let err = bad.parse::<Memlock>().expect_err(bad);
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
         let err = "64g".parse::<Memlock>().expect_err("64g");
-        assert!(matches!(err, MemlockError::Unit { ref unit, .. } if unit == "g"), "{err}");
+        assert!(
+            matches!(err, MemlockError::Unit { ref unit, .. } if unit == "g"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -296,9 +359,22 @@ mod tests {
     #[test]
     fn pattern_agrees_on_the_edges() {
         for s in [
-            "unlimited", "1", "64Gi", "64g", "0", "0Gi", "999999999999999999",
-            "1000000000000000000", "999999Ti", "1000000Ti", "999999999Gi", "1000000000G",
-            "1.5Gi", "unlimitedGi", "Gi", "-1",
+            "unlimited",
+            "1",
+            "64Gi",
+            "64g",
+            "0",
+            "0Gi",
+            "999999999999999999",
+            "1000000000000000000",
+            "999999Ti",
+            "1000000Ti",
+            "999999999Gi",
+            "1000000000G",
+            "1.5Gi",
+            "unlimitedGi",
+            "Gi",
+            "-1",
         ] {
             verdicts_agree(s);
         }
