@@ -1,0 +1,576 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! kroce-cni and kroce-nri under a REAL container runtime: containerd 2.1.9
+//! (CRI; its embedded libcni 1.3 runs kroce-cni; its NRI 0.8 calls
+//! kroce-nri) with runc 1.1.5, driven over CRI as a kubelet drives it.
+//!
+//! The "VF" is a veth in the node netns whose name and MAC are those of a
+//! ConnectX-6 Dx VF of a fixture sysfs tree (no SR-IOV in this kernel).
+//! IPAM is Debian's real host-local.
+//!
+//! Checked: RunPodSandbox makes libcni call kroce-cni ADD (the VF is in the
+//! pod netns with the IP and MTU); NetworkReady; a pod whose network asks
+//! for 4 MiB of memlock gets RLIMIT_MEMLOCK = 4 MiB from kroce-nri in the
+//! OCI spec and the container really starts with it (/proc/self/limits); a
+//! container of a pod without a request gets no rlimit; one with the device
+//! plugin's annotation asking `unlimited` is capped at the runtime's hard
+//! limit (this machine's root lacks CAP_SYS_RESOURCE, as rootless and nested
+//! runtimes do) and starts; removing the sandbox runs DEL and gives the VF,
+//! its MAC and MTU back and removes claim, lease and memlock file; cycles
+//! leak nothing.
+//!
+//! Needs root, netns, and the peers of `ci/real-peers.sh`; skips without
+//! them, except in CI, where a skip is a failure.
+
+#[allow(dead_code)]
+#[path = "rig/bins.rs"]
+mod rig_bins;
+#[allow(dead_code)]
+#[path = "rig/process.rs"]
+mod rig_process;
+mod runtime;
+
+use kroce_cni::testing::NetnsGuard;
+use kroce_cni::testing::testbed::{CNI_BIN_DIR, unique_tag};
+use kroce_e2e::cri;
+use kroce_e2e::cri::runtime_service_client::RuntimeServiceClient;
+use rig_process::Daemon;
+use runtime::containerd::Containerd;
+use runtime::{Peers, image, skip_reason};
+use serde_json::{Value, json};
+use sriov_helpers::PciAddress;
+use sriov_helpers::fixture::{FixtureHost, PfSpec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+const NETWORK: &str = "kroce-ctd";
+const SUBNET: &str = "10.77.0.0/24";
+const VF_MTU: u32 = 1500;
+const POD_MTU: u32 = 1400;
+const MEMLOCK_4MI: u64 = 4 << 20;
+
+type Cri = RuntimeServiceClient<Channel>;
+
+struct Rig {
+    node: NetnsGuard,
+    _fixture: FixtureHost,
+    ctd: Containerd,
+    nri: Daemon,
+    dir: PathBuf,
+    state_dir: PathBuf,
+    ipam_dir: PathBuf,
+    vf_pci: PciAddress,
+    vf_ifname: String,
+    vf_mac: String,
+    sysfs: PathBuf,
+}
+
+fn ip_json(args: &[&str]) -> Value {
+    let out = Command::new("ip").arg("-j").args(args).output().expect("ip");
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+fn conflist(rig: &Rig, memlock: Option<&str>) -> String {
+    let mut plugin = json!({
+        "type": "kroce-cni",
+        "deviceID": rig.vf_pci.to_string(),
+        "mtu": POD_MTU,
+        "rdma": false,
+        "sysfsRoot": rig.sysfs,
+        "stateDir": rig.state_dir,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET}]], "dataDir": rig.ipam_dir},
+    });
+    if let Some(m) = memlock {
+        plugin["memlock"] = json!(m);
+    }
+    json!({"cniVersion": "1.1.0", "name": NETWORK, "plugins": [plugin]}).to_string()
+}
+
+/// Writes the conflist and waits until containerd's CNI syncer loaded it
+/// (CRI Status carries the loaded config in its verbose info).
+async fn use_conflist(rig: &Rig, cri: &mut Cri, text: &str) {
+    let tmp = rig.ctd.cni_conf.join(".10-kroce.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, rig.ctd.cni_conf.join("10-kroce.conflist")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = cri
+            .status(cri::StatusRequest { verbose: true })
+            .await
+            .unwrap()
+            .into_inner();
+        let loaded = st.info.values().any(|v| v.contains(&rig.vf_pci.to_string()) && {
+            let wants_memlock = text.contains("memlock");
+            v.contains("memlock") == wants_memlock
+        });
+        if loaded {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "containerd never loaded the conflist {text}\n{}",
+            rig.ctd.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn sandbox_config(name: &str, logs: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: logs.join(name).to_string_lossy().into_owned(),
+        linux: Some(cri::LinuxPodSandboxConfig::default()),
+        ..Default::default()
+    }
+}
+
+struct Pod {
+    id: String,
+    config: cri::PodSandboxConfig,
+    netns: String,
+    ip: String,
+}
+
+async fn run_pod(rig: &Rig, cri: &mut Cri, name: &str) -> Pod {
+    let config = sandbox_config(name, &rig.dir.join("logs"));
+    let id = match cri
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().pod_sandbox_id,
+        Err(e) => panic!(
+            "RunPodSandbox {name}: {}\n--- containerd\n{}",
+            e.message(),
+            rig.ctd.log_tail()
+        ),
+    };
+    let st = cri
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: Value = serde_json::from_str(st.info.get("info").expect("verbose info")).unwrap();
+    let netns_path = info["runtimeSpec"]["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .expect("sandbox netns path")
+        .to_owned();
+    let netns = Path::new(&netns_path)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let ip = st.status.unwrap().network.unwrap().ip;
+    Pod {
+        id,
+        config,
+        netns,
+        ip,
+    }
+}
+
+async fn remove_pod(rig: &Rig, cri: &mut Cri, pod: &Pod) {
+    for step in ["stop", "remove"] {
+        let r = if step == "stop" {
+            cri.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: pod.id.clone(),
+            })
+            .await
+            .map(|_| ())
+        } else {
+            cri.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.id.clone(),
+            })
+            .await
+            .map(|_| ())
+        };
+        if let Err(e) = r {
+            panic!(
+                "{step} sandbox {}: {}\n{}",
+                pod.id,
+                e.message(),
+                rig.ctd.log_tail()
+            );
+        }
+    }
+}
+
+struct Started {
+    id: String,
+    /// RLIMIT_MEMLOCK in the OCI spec the runtime built: (soft, hard).
+    memlock: Option<(u64, u64)>,
+}
+
+/// Creates and starts a container printing its locked-memory limit.
+async fn start_container(
+    rig: &Rig,
+    cri: &mut Cri,
+    pod: &Pod,
+    name: &str,
+    annotations: BTreeMap<String, String>,
+) -> Result<Started, String> {
+    let config = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image::IMAGE.into(),
+        }),
+        command: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "grep 'Max locked memory' /proc/self/limits; exec sleep 3600".into(),
+        ],
+        log_path: format!("{name}.log"),
+        annotations: annotations.into_iter().collect(),
+        ..Default::default()
+    };
+    let id = cri
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.id.clone(),
+            config: Some(config),
+            sandbox_config: Some(pod.config.clone()),
+        })
+        .await
+        .map_err(|e| format!("CreateContainer {name}: {}", e.message()))?
+        .into_inner()
+        .container_id;
+    let st = cri
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: true,
+        })
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner();
+    let info: Value = serde_json::from_str(st.info.get("info").ok_or("no verbose info")?)
+        .map_err(|e| e.to_string())?;
+    let memlock = info["runtimeSpec"]["process"]["rlimits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|r| r["type"] == "RLIMIT_MEMLOCK"))
+        .map(|r| (r["soft"].as_u64().unwrap(), r["hard"].as_u64().unwrap()));
+    cri.start_container(cri::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .map_err(|e| {
+        format!(
+            "StartContainer {name} (spec RLIMIT_MEMLOCK {memlock:?}): {}",
+            e.message()
+        )
+    })?;
+    Ok(Started { id, memlock })
+}
+
+/// The container's `Max locked memory` line, once it printed it.
+fn limits_line(rig: &Rig, pod: &str, container: &str) -> String {
+    let log = rig.dir.join("logs").join(pod).join(format!("{container}.log"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains("Max locked memory")) {
+            return l.to_owned();
+        }
+        assert!(Instant::now() < deadline, "{} never printed its limits", log.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn remove_container(cri: &mut Cri, id: &str) {
+    cri.stop_container(cri::StopContainerRequest {
+        container_id: id.into(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    cri.remove_container(cri::RemoveContainerRequest {
+        container_id: id.into(),
+    })
+    .await
+    .unwrap();
+}
+
+/// The pod's eth0 as `ip -j` shows it.
+fn pod_link(pod: &Pod) -> Value {
+    ip_json(&["-n", &pod.netns, "-d", "addr", "show", "dev", "eth0"])[0].clone()
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = walk(dir)
+        .into_iter()
+        .map(|p| p.strip_prefix(dir).unwrap().display().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// What must be back after every pod is gone: the VF in the node netns
+/// under its own name, MAC and MTU; no claim, lock, memlock file or lease.
+fn assert_node_clean(rig: &Rig, when: &str) {
+    let link = ip_json(&["-n", &rig.node.name, "link", "show", "dev", &rig.vf_ifname]);
+    assert_eq!(
+        link[0]["address"], rig.vf_mac,
+        "{when}: VF {} not back with its MAC: {link}",
+        rig.vf_ifname
+    );
+    assert_eq!(link[0]["mtu"], VF_MTU, "{when}: VF MTU not restored: {link}");
+    let state: Vec<String> = files_in(&rig.state_dir)
+        .into_iter()
+        .filter(|f| f.starts_with("vf/") || f.starts_with("memlock/"))
+        .collect();
+    assert!(state.is_empty(), "{when}: kroce-cni state left: {state:?}");
+    let leases: Vec<String> = files_in(&rig.ipam_dir)
+        .into_iter()
+        .filter(|f| f.contains("10.77.0."))
+        .collect();
+    assert!(leases.is_empty(), "{when}: host-local leases left: {leases:?}");
+}
+
+fn setup(peers: &Peers, tag: &str) -> Rig {
+    let dir = tempfile::Builder::new()
+        .prefix("kroce-ctd-")
+        .tempdir_in("/tmp")
+        .unwrap()
+        .keep();
+    let node = NetnsGuard::create(&format!("kroce-ctd-{tag}")).unwrap();
+    let mut fixture = FixtureHost::new().unwrap();
+    fixture.add_numa_node(0, "0-15").unwrap();
+    fixture
+        .add_pf(PfSpec::connectx6dx("0000:3b:00.0", "ens1f0", Some(0), 2))
+        .unwrap();
+    let pf: PciAddress = "0000:3b:00.0".parse().unwrap();
+    let vf_pci = fixture.vf_address(&pf, 0).unwrap();
+    let vf_ifname = "ens1f0v0".to_string();
+    let sysfs = fixture.path().join("sys");
+    let vf_mac = std::fs::read_to_string(sysfs.join("class/net").join(&vf_ifname).join("address"))
+        .unwrap()
+        .trim()
+        .to_string();
+    node.ip(&[
+        "link", "add", &vf_ifname, "address", &vf_mac, "mtu", &VF_MTU.to_string(), "type", "veth",
+        "peer", "name", "kctdpeer0",
+    ])
+    .unwrap();
+    node.ip(&["link", "set", "kctdpeer0", "up"]).unwrap();
+
+    let mut ctd = Containerd::prepare(peers, &dir, &node.path).unwrap();
+    let bins = rig_bins::Binaries::locate().unwrap();
+    let bin_dir = bins.cni.parent().unwrap().to_path_buf();
+    std::os::unix::fs::symlink(&bins.cni, ctd.cni_bin.join("kroce-cni")).unwrap();
+    for p in ["host-local", "loopback"] {
+        std::os::unix::fs::symlink(Path::new(CNI_BIN_DIR).join(p), ctd.cni_bin.join(p)).unwrap();
+    }
+    let state_dir = dir.join("kroce-state");
+    let ipam_dir = dir.join("ipam");
+    ctd.start().unwrap();
+    let archive = image::build(&dir.join("image"), Path::new(runtime::BUSYBOX)).unwrap();
+    ctd.import(&archive).unwrap();
+
+    let mut nri_cmd = Command::new(bin_dir.join("kroce-nri"));
+    nri_cmd
+        .arg("--socket")
+        .arg(&ctd.nri_socket)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .env("RUST_LOG", "info");
+    let nri = Daemon::start("kroce-nri", &node.path, nri_cmd, &dir.join("kroce-nri.log")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !nri.log_text().contains("synchronized") {
+        assert!(
+            Instant::now() < deadline,
+            "kroce-nri never synchronized with containerd:\n{}\n--- containerd\n{}",
+            nri.log_text(),
+            ctd.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Rig {
+        node,
+        _fixture: fixture,
+        ctd,
+        nri,
+        dir,
+        state_dir,
+        ipam_dir,
+        vf_pci,
+        vf_ifname,
+        vf_mac,
+        sysfs,
+    }
+}
+
+/// The runtime's RLIMIT_MEMLOCK hard limit, from its /proc.
+fn runtime_memlock_hard(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))
+        .unwrap();
+    let hard = line.split_whitespace().nth(4).unwrap();
+    if hard == "unlimited" {
+        u64::MAX
+    } else {
+        hard.parse().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_runs_kroce_cni_and_kroce_nri() {
+    let test = "containerd_runs_kroce_cni_and_kroce_nri";
+    if skip_reason(test).is_some() {
+        return;
+    }
+    let peers = Peers::find().unwrap();
+    let tag = unique_tag();
+    let rig = setup(&peers, &tag);
+    let mut cri = rig.ctd.cri().await.unwrap();
+
+    // 1. A pod whose network asks for 4 MiB of locked memory.
+    use_conflist(&rig, &mut cri, &conflist(&rig, Some("4Mi"))).await;
+    let st = cri
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let network_ready = st
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.r#type == "NetworkReady")
+        .expect("NetworkReady condition");
+    assert!(network_ready.status, "NetworkReady false: {network_ready:?}");
+
+    let pod = run_pod(&rig, &mut cri, "p1").await;
+    assert!(pod.ip.starts_with("10.77.0."), "sandbox IP {:?}", pod.ip);
+    let eth0 = pod_link(&pod);
+    assert_eq!(eth0["address"], rig.vf_mac, "the VF is the pod's eth0: {eth0}");
+    assert_eq!(eth0["mtu"], POD_MTU, "{eth0}");
+    let addrs: Vec<String> = eth0["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+        .collect();
+    assert!(addrs.contains(&format!("{}/24", pod.ip)), "{addrs:?}");
+    assert!(
+        ip_json(&["-n", &rig.node.name, "link", "show", "dev", &rig.vf_ifname]).is_null()
+            || ip_json(&["-n", &rig.node.name, "link", "show", "dev", &rig.vf_ifname])
+                .as_array()
+                .is_none_or(|a| a.is_empty()),
+        "the VF left the node netns"
+    );
+    assert!(
+        rig.state_dir
+            .join("memlock")
+            .join(format!("{}.json", pod.id))
+            .is_file(),
+        "kroce-cni recorded the pod's memlock request: {:?}",
+        files_in(&rig.state_dir)
+    );
+
+    let c1 = start_container(&rig, &mut cri, &pod, "c1", BTreeMap::new())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n--- kroce-nri\n{}", rig.nri.log_text()));
+    assert_eq!(
+        c1.memlock,
+        Some((MEMLOCK_4MI, MEMLOCK_4MI)),
+        "kroce-nri gives the pod's containers the 4 MiB its network asked for"
+    );
+    let line = limits_line(&rig, "p1", "c1");
+    assert!(
+        line.split_whitespace().filter(|w| *w == "4194304").count() == 2,
+        "the container runs with it: {line}"
+    );
+    remove_container(&mut cri, &c1.id).await;
+    remove_pod(&rig, &mut cri, &pod).await;
+    assert_node_clean(&rig, "after the first pod");
+
+    // 2. A network without a request: a plain container gets no rlimit; one
+    //    with the device plugin's annotation asking for `unlimited` gets the
+    //    runtime's hard limit (it cannot raise it) and starts.
+    use_conflist(&rig, &mut cri, &conflist(&rig, None)).await;
+    let pod = run_pod(&rig, &mut cri, "p2").await;
+    let plain = start_container(&rig, &mut cri, &pod, "plain", BTreeMap::new())
+        .await
+        .unwrap();
+    assert_eq!(plain.memlock, None, "a container without RDMA is not touched");
+    let hard = runtime_memlock_hard(rig.ctd.pid().unwrap());
+    let annotations = BTreeMap::from([
+        (
+            "kroce.io/rdma-devices.rdma_vf".to_string(),
+            rig.vf_pci.to_string(),
+        ),
+        ("kroce.io/memlock.rdma_vf".to_string(), "unlimited".to_string()),
+    ]);
+    let rdma = start_container(&rig, &mut cri, &pod, "rdma", annotations)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n--- kroce-nri\n{}", rig.nri.log_text()));
+    if hard == u64::MAX {
+        assert_eq!(rdma.memlock, Some((u64::MAX, u64::MAX)));
+    } else {
+        assert_eq!(
+            rdma.memlock,
+            Some((hard, hard)),
+            "capped at the runtime's hard limit {hard}"
+        );
+        let line = limits_line(&rig, "p2", "rdma");
+        assert!(line.contains(&hard.to_string()), "{line}");
+    }
+    remove_container(&mut cri, &plain.id).await;
+    remove_container(&mut cri, &rdma.id).await;
+    remove_pod(&rig, &mut cri, &pod).await;
+    assert_node_clean(&rig, "after the second pod");
+
+    // 3. Pod churn leaks nothing.
+    use_conflist(&rig, &mut cri, &conflist(&rig, Some("4Mi"))).await;
+    let netns_before = files_in(Path::new("/run/netns"));
+    for i in 0..5 {
+        let pod = run_pod(&rig, &mut cri, &format!("cycle{i}")).await;
+        let c = start_container(&rig, &mut cri, &pod, "c", BTreeMap::new())
+            .await
+            .unwrap();
+        remove_container(&mut cri, &c.id).await;
+        remove_pod(&rig, &mut cri, &pod).await;
+        assert_node_clean(&rig, &format!("after cycle {i}"));
+    }
+    assert_eq!(
+        files_in(Path::new("/run/netns")),
+        netns_before,
+        "no pod netns left"
+    );
+    let _ = std::fs::remove_dir_all(&rig.dir);
+}
