@@ -29,8 +29,9 @@ struct Cli {
     #[arg(long, env = "KROCE_CNI_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
 
-    /// Limit for RDMA containers that ask for less: "unlimited" or bytes. The
-    /// largest of this, the device-plugin annotation and the CNI request wins.
+    /// Limit for RDMA containers that ask for none: "unlimited" or bytes. An
+    /// explicit request (device-plugin annotation or CNI request) is used
+    /// instead, larger or smaller.
     #[arg(long, env = "KROCE_DEFAULT_MEMLOCK", default_value = "unlimited")]
     default_memlock: Memlock,
 

@@ -6,9 +6,10 @@
 //! `/dev/infiniband/`. Containers of a sandbox for which kroce-cni recorded a
 //! memlock request are covered too. Everything else is never touched.
 //!
-//! The limit is the largest of: the memlock annotations, the sandbox's CNI
-//! request, and the node default. A limit already in the container's spec is
-//! never lowered.
+//! The limit is the largest explicit request (the memlock annotations and the
+//! sandbox's CNI request); the node default applies only when there is none,
+//! so a network asking for 1 GiB gets 1 GiB even under a default of
+//! `unlimited`. A limit already in the container's spec is never lowered.
 
 use std::collections::BTreeMap;
 
@@ -122,7 +123,8 @@ pub struct Decision {
 /// Decides the memlock limit for `container`.
 ///
 /// `cni_request` is the memlock kroce-cni recorded for the container's sandbox
-/// (if any); `default` is the node default (`--default-memlock`).
+/// (if any); `default` is the node default (`--default-memlock`), used only
+/// when neither an annotation nor the CNI request asks for a limit.
 pub fn decide(
     container: &ContainerFacts,
     cni_request: Option<Memlock>,
@@ -130,7 +132,8 @@ pub fn decide(
 ) -> Decision {
     let mut evidence = Vec::new();
     let mut warnings = Vec::new();
-    let mut wanted = default;
+    // The largest explicit request; the default only fills in when none.
+    let mut explicit: Option<Memlock> = None;
 
     for (key, value) in &container.annotations {
         if key.starts_with(DEVICES_ANNOTATION_PREFIX) {
@@ -147,7 +150,7 @@ pub fn decide(
         } else if key.starts_with(MEMLOCK_ANNOTATION_PREFIX) {
             match value.parse::<Memlock>() {
                 Ok(limit) => {
-                    wanted = wanted.max(limit);
+                    explicit = explicit.max(Some(limit));
                     evidence.push(Evidence::MemlockAnnotation {
                         key: key.clone(),
                         value: limit,
@@ -163,12 +166,14 @@ pub fn decide(
         }
     }
     if let Some(limit) = cni_request {
-        wanted = wanted.max(limit);
+        explicit = explicit.max(Some(limit));
         evidence.push(Evidence::CniRequest {
             sandbox_id: container.sandbox_id.clone(),
             value: limit,
         });
     }
+
+    let wanted = explicit.unwrap_or(default);
 
     let action = if evidence.is_empty() {
         Action::Untouched
@@ -289,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn largest_of_annotation_cni_and_default_wins() {
+    fn largest_explicit_request_wins() {
         let c = facts(
             &[
                 ("kroce.io/rdma-devices.rdma_vf", "a,b"),
@@ -306,8 +311,66 @@ mod tests {
         assert_eq!(d.action, Action::Set(Memlock::Bytes(2048 * MIB)));
         let d = decide(&c, Some(Memlock::Unlimited), Memlock::Bytes(64 * MIB));
         assert_eq!(d.action, Action::Set(Memlock::Unlimited));
+        // Explicit requests exist: a larger default does not override them.
         let d = decide(&c, None, Memlock::Bytes(8192 * MIB));
-        assert_eq!(d.action, Action::Set(Memlock::Bytes(8192 * MIB)));
+        assert_eq!(d.action, Action::Set(Memlock::Bytes(2048 * MIB)));
+    }
+
+    /// `--default-memlock` applies only when nothing explicit was asked for:
+    /// an explicit request (annotation or CNI request) is taken as is, even
+    /// below the default (issue 10, item 6).
+    #[test]
+    fn default_applies_only_without_an_explicit_request() {
+        const GIB: u64 = 1 << 30;
+        let devices = ("kroce.io/rdma-devices.rdma_vf", "0000:3b:00.2");
+        let table: &[(&str, Vec<(&str, &str)>, Option<Memlock>, Memlock, Memlock)] = &[
+            (
+                "explicit 1 GiB annotation, default unlimited",
+                vec![devices, ("kroce.io/memlock.rdma_vf", "1073741824")],
+                None,
+                Memlock::Unlimited,
+                Memlock::Bytes(GIB),
+            ),
+            (
+                "explicit 1 GiB CNI request, default unlimited",
+                vec![],
+                Some(Memlock::Bytes(GIB)),
+                Memlock::Unlimited,
+                Memlock::Bytes(GIB),
+            ),
+            (
+                "explicit 64 MiB annotation below an 8 GiB default",
+                vec![devices, ("kroce.io/memlock.rdma_vf", "67108864")],
+                None,
+                Memlock::Bytes(8 * GIB),
+                Memlock::Bytes(64 * MIB),
+            ),
+            (
+                "two explicit requests: the larger",
+                vec![devices, ("kroce.io/memlock.rdma_vf", "1073741824")],
+                Some(Memlock::Bytes(2 * GIB)),
+                Memlock::Unlimited,
+                Memlock::Bytes(2 * GIB),
+            ),
+            (
+                "devices only: the default",
+                vec![devices],
+                None,
+                Memlock::Unlimited,
+                Memlock::Unlimited,
+            ),
+            (
+                "unparsable memlock annotation is not a request: the default",
+                vec![devices, ("kroce.io/memlock.rdma_vf", "lots")],
+                None,
+                Memlock::Bytes(64 * MIB),
+                Memlock::Bytes(64 * MIB),
+            ),
+        ];
+        for (what, annotations, cni, default, want) in table {
+            let d = decide(&facts(annotations, &[]), *cni, *default);
+            assert_eq!(d.action, Action::Set(*want), "{what}");
+        }
     }
 
     #[test]
