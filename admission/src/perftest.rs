@@ -16,6 +16,10 @@
 //!   these: missing columns are `None`) and the duration form `t_avg[usec]
 //!   tps average`.
 //!
+//! The header's two-column lines parse whether the columns are separated by
+//! tabs (as perftest prints them) or by runs of spaces (the same output after
+//! `expand`, a terminal copy or an issue tracker); result rows are strict.
+//!
 //! A table that is opened but never closed by perftest's dashed line, a row
 //! that does not parse, or a header field with a malformed value is an error
 //! naming the line number and its content. Lines of three dots are a
@@ -507,22 +511,62 @@ fn parse_row(layout: &TableLayout, line_no: usize, line: &str) -> Result<ParsedR
     }
 }
 
-/// Splits a header line into `key : value` pairs. perftest prints two pairs
-/// per line separated by tabs (`Dual-port : OFF\t\tDevice : mlx5_1`), and
-/// one key with a tab inside (`rdma_cm QPs\t : OFF`).
-fn header_pairs(line: &str) -> Vec<(String, String)> {
-    let mut segments: Vec<String> = Vec::new();
-    for seg in line.split('\t') {
-        let t = seg.trim();
-        if t.is_empty() {
+/// Splits a header line into its columns: at tabs (as perftest prints
+/// them) or at runs of two or more spaces (the same output after `expand`,
+/// a terminal copy or an issue tracker). Single spaces stay inside keys and
+/// values (`Number of qps`, `LID 0000 QPN 0x0108`).
+fn header_columns(line: &str) -> Vec<&str> {
+    let mut cols = Vec::new();
+    let bytes = line.as_bytes();
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let sep_len = match bytes[i] {
+            b'\t' => 1,
+            b' ' if bytes.get(i + 1).is_some_and(|b| *b == b' ' || *b == b'\t') => 2,
+            _ => 0,
+        };
+        if sep_len == 0 {
+            i += 1;
             continue;
         }
+        cols.push(&line[start..i]);
+        // Swallow the whole run of blanks.
+        i += sep_len;
+        while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\t') {
+            i += 1;
+        }
+        start = i;
+    }
+    cols.push(&line[start..]);
+    cols.into_iter()
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Splits a header line into `key : value` pairs. perftest prints two pairs
+/// per line separated by tabs (`Dual-port : OFF\t\tDevice : mlx5_1`), pads
+/// keys to align the colons (`Mtu             : 4096[B]`), and has one key
+/// with a tab inside (`rdma_cm QPs\t : OFF`). The header is informational:
+/// both the tabbed and the space-expanded layout give the same pairs.
+fn header_pairs(line: &str) -> Vec<(String, String)> {
+    let cols = header_columns(line);
+    let mut segments: Vec<String> = Vec::new();
+    for (i, t) in cols.iter().enumerate() {
+        let next_is_colon = cols.get(i + 1).is_some_and(|n| n.starts_with(':'));
         match segments.last_mut() {
+            // A key padded away from its colon: `Mtu` + `: 4096[B]`.
             Some(prev) if t.starts_with(':') && !prev.contains(':') => {
                 prev.push(' ');
                 prev.push_str(t);
             }
-            _ => segments.push(t.to_string()),
+            // Neither a pair nor a key: a value that itself had a wide gap.
+            Some(prev) if !t.contains(':') && !next_is_colon && prev.contains(':') => {
+                prev.push(' ');
+                prev.push_str(t);
+            }
+            _ => segments.push((*t).to_string()),
         }
     }
     segments
@@ -787,6 +831,35 @@ mod tests {
         );
         let p = header_pairs(" rdma_cm QPs\t : OFF");
         assert_eq!(p, vec![("rdma_cm QPs".to_string(), "OFF".to_string())]);
+        let pairs = |l: &str| -> Vec<(String, String)> { header_pairs(l) };
+        // The same lines after `expand`: runs of spaces separate the columns.
+        assert_eq!(
+            pairs(" Number of qps   : 1            Transport type : IB"),
+            vec![
+                ("Number of qps".to_string(), "1".to_string()),
+                ("Transport type".to_string(), "IB".to_string())
+            ]
+        );
+        assert_eq!(
+            pairs(" rdma_cm QPs     : OFF"),
+            vec![("rdma_cm QPs".to_string(), "OFF".to_string())]
+        );
+        // Single spaces and colons inside values stay.
+        assert_eq!(
+            pairs(" local address: LID 0000 QPN 0x0108 PSN 0x2f4a1b"),
+            vec![(
+                "local address".to_string(),
+                "LID 0000 QPN 0x0108 PSN 0x2f4a1b".to_string()
+            )]
+        );
+        assert_eq!(
+            pairs(" GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:00:00:02"),
+            vec![(
+                "GID".to_string(),
+                "00:00:00:00:00:00:00:00:00:00:255:255:10:00:00:02".to_string()
+            )]
+        );
+        assert!(pairs(" Starting RDMA client  'ib_write_bw'").is_empty());
     }
 
     #[test]

@@ -448,6 +448,139 @@ fn crlf_output_parses() {
     assert_eq!(r.latency_rows()[0].t_avg_us, Some(5.50));
 }
 
+/// What `expand` (coreutils, tab stops every 8 columns) makes of perftest
+/// output; also what issue trackers and many terminals show. Checked against
+/// the real `expand` when it is installed.
+fn expand_tabs(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut col = 0usize;
+        for c in line.chars() {
+            if c == '\t' {
+                let n = 8 - col % 8;
+                out.extend(std::iter::repeat_n(' ', n));
+                col += n;
+            } else {
+                out.push(c);
+                col += 1;
+            }
+        }
+    }
+    if let Ok(mut child) = std::process::Command::new("expand")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let got = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8(got.stdout).unwrap(),
+            out,
+            "expand(1) disagrees"
+        );
+    }
+    assert!(!out.contains('\t'));
+    out
+}
+
+#[test]
+fn space_expanded_header_parses_like_the_tabbed_one() {
+    let tabbed = parse(WRITE_BW_DURATION_GBITS).unwrap();
+    let spaced_text = expand_tabs(WRITE_BW_DURATION_GBITS);
+    // The two-column line as the issue quotes it: 12 spaces, no tab.
+    assert!(spaced_text.contains(" Number of qps   : 4            Transport type : IB\n"));
+    let spaced = parse(&spaced_text).unwrap();
+    assert_eq!(spaced.header, tabbed.header);
+    assert_eq!(spaced.header.qps, Some(4));
+    assert_eq!(spaced.header.device.as_deref(), Some("mlx5_2"));
+    assert_eq!(spaced.header.transport.as_deref(), Some("IB"));
+    assert_eq!(
+        spaced.header.fields.get("Using SRQ").map(String::as_str),
+        Some("OFF")
+    );
+    assert_eq!(
+        spaced.header.fields.get("rdma_cm QPs").map(String::as_str),
+        Some("OFF")
+    );
+    assert_eq!(spaced.results, tabbed.results);
+}
+
+/// The published all-sizes table behind a full header, the whole output
+/// space-expanded (the fixture's own header was elided by its publisher).
+#[test]
+fn published_table_with_a_space_expanded_header() {
+    let header_end = WRITE_BW_DURATION_GBITS.find(" local address").unwrap();
+    let text = format!(
+        "{}{}",
+        &WRITE_BW_DURATION_GBITS[..header_end],
+        fixture(ALL_SIZES)
+    );
+    let tabbed = parse(&text).unwrap();
+    let spaced = parse(&expand_tabs(&text)).unwrap();
+    assert_eq!(spaced.header, tabbed.header);
+    assert_eq!(spaced.header.qps, Some(4));
+    assert_eq!(spaced.results, tabbed.results);
+    assert_eq!(spaced.bandwidth_rows().len(), 23);
+}
+
+/// Layout as posted in issue trackers: two columns separated by a run of
+/// spaces of any width (not a tab-stop multiple), one key with a tab gone.
+#[test]
+fn space_separated_two_column_header_with_any_gap() {
+    let text = "\
+                    Atomic CMP_AND_SWAP BW Test
+ Dual-port       : OFF          Device         : mlx5_7
+ Number of qps   : 2   Transport type : IB
+ Connection type : RC\t\tUsing SRQ      : ON
+ Mtu             : 1024[B]
+ rdma_cm QPs     : OFF
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 8          1000           1.70               1.67                 0.219031
+---------------------------------------------------------------------------------------
+";
+    let r = parse(text).unwrap();
+    let h = &r.header;
+    assert_eq!(h.verb, Some(Verb::Atomic));
+    assert_eq!(h.device.as_deref(), Some("mlx5_7"));
+    assert_eq!(h.qps, Some(2));
+    assert_eq!(h.transport.as_deref(), Some("IB"));
+    assert_eq!(h.connection.as_deref(), Some("RC"));
+    assert_eq!(h.mtu, Some(1024));
+    assert_eq!(h.fields.get("Dual-port").map(String::as_str), Some("OFF"));
+    assert_eq!(h.fields.get("Using SRQ").map(String::as_str), Some("ON"));
+    assert_eq!(h.fields.get("rdma_cm QPs").map(String::as_str), Some("OFF"));
+    assert_eq!(h.fields.len(), 8, "{:?}", h.fields);
+}
+
+/// Splitting the columns must not hide a malformed typed value, and result
+/// rows stay strict whatever the header layout.
+#[test]
+fn space_layout_keeps_typed_fields_and_rows_strict() {
+    let spaced = expand_tabs(WRITE_BW_DURATION_GBITS);
+    let bad = spaced.replacen("Number of qps   : 4 ", "Number of qps   : x ", 1);
+    let e = parse(&bad).unwrap_err();
+    assert_eq!(
+        e,
+        PerftestError::BadHeaderField {
+            line: 4,
+            field: "Number of qps".into(),
+            value: "x".into()
+        },
+        "{e}"
+    );
+    let garbled = spaced.replacen("92.61", "92.6l", 1);
+    let e = parse(&garbled).unwrap_err();
+    assert!(matches!(e, PerftestError::GarbledRow { .. }), "{e}");
+    assert!(e.to_string().contains("92.6l"), "{e}");
+}
+
 fn fmt_bw(v: f64, six: bool) -> String {
     if six {
         format!("{v:.6}")
