@@ -2,10 +2,16 @@
 //!
 //! A value one component writes and another reads (a memlock size in a CRD,
 //! a pool config, a CNI config and an annotation; annotation names; the
-//! memlock request file; default paths; what `--log-level` means) lives
-//! here, so the writer and every reader share one parser and cannot drift.
+//! memlock request file; default paths; resource names; what
+//! `--log-level` means) lives here, so the writer and every reader share
+//! one parser and cannot drift.
 
+pub mod annotations;
 pub mod log;
 pub mod memlock;
+pub mod memlock_file;
+pub mod resource_name;
 
 pub use memlock::{Memlock, MemlockError};
+pub use memlock_file::DEFAULT_STATE_DIR;
+pub use resource_name::{ResourceName, ResourceNameError};
