@@ -220,7 +220,6 @@ struct Started {
 
 /// Creates and starts a container printing its locked-memory limit.
 async fn start_container(
-    rig: &Rig,
     cri: &mut Cri,
     pod: &Pod,
     name: &str,
@@ -502,7 +501,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
         files_in(&rig.state_dir)
     );
 
-    let c1 = start_container(&rig, &mut cri, &pod, "c1", BTreeMap::new())
+    let c1 = start_container(&mut cri, &pod, "c1", BTreeMap::new())
         .await
         .unwrap_or_else(|e| panic!("{e}\n--- kroce-nri\n{}", rig.nri.log_text()));
     assert_eq!(
@@ -524,7 +523,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     //    runtime's hard limit (it cannot raise it) and starts.
     use_conflist(&rig, &mut cri, &conflist(&rig, None)).await;
     let pod = run_pod(&rig, &mut cri, "p2").await;
-    let plain = start_container(&rig, &mut cri, &pod, "plain", BTreeMap::new())
+    let plain = start_container(&mut cri, &pod, "plain", BTreeMap::new())
         .await
         .unwrap();
     assert_eq!(plain.memlock, None, "a container without RDMA is not touched");
@@ -536,7 +535,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
         ),
         ("kroce.io/memlock.rdma_vf".to_string(), "unlimited".to_string()),
     ]);
-    let rdma = start_container(&rig, &mut cri, &pod, "rdma", annotations)
+    let rdma = start_container(&mut cri, &pod, "rdma", annotations)
         .await
         .unwrap_or_else(|e| panic!("{e}\n--- kroce-nri\n{}", rig.nri.log_text()));
     if hard == u64::MAX {
@@ -560,7 +559,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     let netns_before = files_in(Path::new("/run/netns"));
     for i in 0..5 {
         let pod = run_pod(&rig, &mut cri, &format!("cycle{i}")).await;
-        let c = start_container(&rig, &mut cri, &pod, "c", BTreeMap::new())
+        let c = start_container(&mut cri, &pod, "c", BTreeMap::new())
             .await
             .unwrap();
         remove_container(&mut cri, &c.id).await;

@@ -39,9 +39,14 @@ pub fn netns_capable() -> Result<(), String> {
 }
 
 /// Prints the standard skip line and returns true when the test must skip.
+/// In CI (`CI` set, as `.ci/run` has it) a netns test that cannot run is a
+/// failure: CI is where they must run.
 pub fn skip_without_netns(test: &str) -> bool {
     match netns_capable() {
         Ok(()) => false,
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("{test} needs root/netns and CI must run it: {why}")
+        }
         Err(why) => {
             println!("skipped: needs root/netns ({test}: {why})");
             true
