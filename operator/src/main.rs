@@ -170,6 +170,11 @@ fn read_spec(path: &PathBuf) -> anyhow::Result<RdmaNodeStateSpec> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The kube client's TLS needs a process-wide rustls provider; choose
+    // ring explicitly so no combination of crate features leaves it
+    // ambiguous (or absent: then the first client panics). An Err only
+    // means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Crd => {

@@ -20,7 +20,20 @@ pub trait LinkControl: Send + Sync {
 /// be called from the agent's blocking apply thread.
 #[derive(Debug)]
 pub struct RtnetlinkLinks {
-    rt: tokio::runtime::Runtime,
+    /// Always `Some` until drop.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for RtnetlinkLinks {
+    /// The node agent drops this inside its async runtime (when the loop
+    /// ends on SIGTERM), where dropping a runtime panics ("Cannot drop a
+    /// runtime in a context where blocking is not allowed"); shutting it
+    /// down in the background is allowed anywhere.
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl RtnetlinkLinks {
@@ -29,7 +42,7 @@ impl RtnetlinkLinks {
             .enable_io()
             .enable_time()
             .build()?;
-        Ok(RtnetlinkLinks { rt })
+        Ok(RtnetlinkLinks { rt: Some(rt) })
     }
 }
 
@@ -40,7 +53,10 @@ impl LinkControl for RtnetlinkLinks {
             mtu,
             source,
         };
-        self.rt.block_on(async {
+        let Some(rt) = self.rt.as_ref() else {
+            return Err(err(io::Error::other("netlink runtime already shut down")));
+        };
+        rt.block_on(async {
             let (conn, handle, _) = rtnetlink::new_connection().map_err(err)?;
             let task = tokio::spawn(conn);
             let msg = rtnetlink::LinkUnspec::new_with_name(ifname)
@@ -135,5 +151,19 @@ mod tests {
         let e = missing.unwrap_err();
         assert_eq!(e.source.raw_os_error(), Some(libc::ENODEV), "{e}");
         assert!(e.to_string().contains("krocenope0"));
+    }
+}
+
+#[cfg(test)]
+mod drop_tests {
+    use super::*;
+
+    /// The node agent's loop ends (SIGTERM) with the edges dropped inside
+    /// its async runtime: that must not panic.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn dropping_the_links_inside_an_async_runtime_does_not_panic() {
+        let links = std::sync::Arc::new(RtnetlinkLinks::new().unwrap());
+        let inside = tokio::spawn(async move { drop(links) }).await;
+        assert!(inside.is_ok(), "{inside:?}");
     }
 }
