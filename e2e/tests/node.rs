@@ -371,8 +371,7 @@ fn link_kinds(node: &Node) -> BTreeMap<String, (String, String)> {
 
 #[test]
 fn a_whole_node_without_kubernetes() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("skipped: needs root (network namespaces, veth and macvlan interfaces)");
+    if kroce_cni::testing::testbed::skip_without_netns("a_whole_node_without_kubernetes") {
         return;
     }
     let bins = Binaries::locate().unwrap_or_else(|e| panic!("{e}"));
