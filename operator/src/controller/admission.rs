@@ -101,7 +101,9 @@ impl AdmissionSettings {
 #[derive(Debug, Clone, clap::Args)]
 pub struct AdmissionArgs {
     /// Namespace of the admission test pods (and their attachment definitions).
-    #[arg(long, env = "KROCE_TEST_NAMESPACE", default_value = "kroce-system")]
+    /// Their own: not the namespace of the privileged node daemon (the
+    /// controller may create pods here; the Helm chart creates it).
+    #[arg(long, env = "KROCE_TEST_NAMESPACE", default_value = "kroce-perftest")]
     pub test_namespace: String,
     /// Image with perftest and kroce-perftest-run (a network's admission.image overrides it).
     #[arg(
