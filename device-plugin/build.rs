@@ -1,14 +1,20 @@
-//! Generates the kubelet device plugin API (v1beta1) with protox, a pure-Rust
-//! protobuf compiler, so no system `protoc` is needed.
+//! Generates the kubelet device plugin API (v1beta1) and the kubelet's
+//! PodResources API (v1) with protox, a pure-Rust protobuf compiler, so no
+//! system `protoc` is needed.
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let proto_root = manifest.join("../proto");
-    let api = proto_root.join("deviceplugin/v1beta1/api.proto");
-    println!("cargo:rerun-if-changed={}", api.display());
-    let fds = protox::compile([&api], [&proto_root])?;
+    let protos = [
+        proto_root.join("deviceplugin/v1beta1/api.proto"),
+        proto_root.join("podresources/v1/api.proto"),
+    ];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+    let fds = protox::compile(&protos, [&proto_root])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

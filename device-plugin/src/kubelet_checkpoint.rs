@@ -1,7 +1,7 @@
 //! Which device IDs the kubelet has handed to pods, from its checkpoint file
-//! `<kubelet-dir>/kubelet_internal_checkpoint`. Health uses it to know which
-//! VFs are expected to have left the host network namespace, also after this
-//! plugin restarts. Read leniently: an unreadable file means "none known".
+//! `<kubelet-dir>/kubelet_internal_checkpoint`. Only a fallback for when the
+//! PodResources API cannot be reached: the checkpoint keeps a deleted pod's
+//! devices until the kubelet's next allocation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -44,10 +44,18 @@ pub fn parse(text: &str) -> Allocated {
     out
 }
 
+/// Leniently: an unreadable file means "none known".
 pub fn read(kubelet_dir: &Path) -> Allocated {
-    std::fs::read_to_string(kubelet_dir.join(FILE_NAME))
-        .map(|t| parse(&t))
-        .unwrap_or_default()
+    try_read(kubelet_dir).unwrap_or_default()
+}
+
+/// `None` when the file is missing, unreadable or not a checkpoint (then
+/// nothing can be said about what pods hold).
+pub fn try_read(kubelet_dir: &Path) -> Option<Allocated> {
+    let text = std::fs::read_to_string(kubelet_dir.join(FILE_NAME)).ok()?;
+    let v = serde_json::from_str::<serde_json::Value>(&text).ok()?;
+    v.pointer("/Data/PodDeviceEntries")?;
+    Some(parse(&text))
 }
 
 #[cfg(test)]
@@ -71,5 +79,19 @@ mod tests {
         let old = r#"{"Data":{"PodDeviceEntries":[{"ResourceName":"rdma/vf","DeviceIDs":["x"]}]}}"#;
         assert!(parse(old)["rdma/vf"].contains("x"));
         assert!(parse("not json").is_empty());
+    }
+
+    #[test]
+    fn try_read_tells_unknown_from_empty() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(try_read(d.path()), None);
+        std::fs::write(d.path().join(FILE_NAME), "garbage").unwrap();
+        assert_eq!(try_read(d.path()), None);
+        std::fs::write(
+            d.path().join(FILE_NAME),
+            r#"{"Data":{"PodDeviceEntries":[],"RegisteredDevices":{}},"Checksum":1}"#,
+        )
+        .unwrap();
+        assert_eq!(try_read(d.path()), Some(Allocated::new()));
     }
 }

@@ -3,11 +3,12 @@
 //!
 //! Pure core: [`config`], [`resource_name`], [`inventory`], [`selection`],
 //! [`health`], [`snapshot`], [`preferred`], [`allocation`], [`device_info`],
-//! [`cdi`], [`kubelet_checkpoint`], [`discover`]. Edges: [`host_view`] (host
-//! reads), [`files`], [`uds`], [`server`] (gRPC service), [`registration`],
+//! [`cdi`], [`in_use`], [`kubelet_checkpoint`], [`discover`]. Edges:
+//! [`host_view`] (host reads), [`files`], [`uds`], [`server`] (gRPC
+//! service), [`registration`], [`pod_resources`] (what pods hold),
 //! [`pool_server`] (socket life), [`watcher`] (inotify) and [`plugin`], which
 //! runs it all with the state in [`shared`]. `testing` (feature `testing`)
-//! holds the kubelet stand-in.
+//! holds the kubelet stand-ins (registration and PodResources).
 
 pub mod allocation;
 pub mod api;
@@ -18,9 +19,11 @@ pub mod discover;
 pub mod files;
 pub mod health;
 pub mod host_view;
+pub mod in_use;
 pub mod inventory;
 pub mod kubelet_checkpoint;
 pub mod plugin;
+pub mod pod_resources;
 pub mod pool_server;
 pub mod preferred;
 pub mod registration;

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kroce_device_plugin::plugin::{self, Options};
+use kroce_device_plugin::pod_resources::{self, PodResourcesClient};
 use kroce_device_plugin::{config, discover, host_view::HostView, kubelet_checkpoint};
 use sriov_helpers::HostRoot;
 use std::path::PathBuf;
@@ -45,6 +46,11 @@ struct Cli {
     /// The kubelet's device plugin directory (kubelet.sock and plugin sockets).
     #[arg(long, global = true, default_value = plugin::DEFAULT_KUBELET_DIR)]
     kubelet_dir: PathBuf,
+
+    /// The kubelet's PodResources socket (under its root dir): which devices
+    /// running pods hold. Unreachable: the kubelet checkpoint is read instead.
+    #[arg(long, global = true, env = "KROCE_DP_POD_RESOURCES_SOCKET", default_value = plugin::DEFAULT_POD_RESOURCES_SOCKET)]
+    pod_resources_socket: PathBuf,
 
     /// Where device-info files (device-info-spec 1.1.0) are written for Multus/CNI.
     #[arg(long, global = true, default_value = plugin::DEFAULT_DEVINFO_DIR)]
@@ -142,7 +148,7 @@ fn discover_cmd(cli: &Cli, json: bool) -> anyhow::Result<()> {
         }
     };
     let view = HostView::scan(&cli.host_root());
-    let allocated = kubelet_checkpoint::read(&cli.kubelet_dir);
+    let allocated = allocated_devices(cli);
     let report = discover::report(&view, cfg.as_ref(), &allocated);
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -150,6 +156,25 @@ fn discover_cmd(cli: &Cli, json: bool) -> anyhow::Result<()> {
         print!("{}", discover::table(&report));
     }
     Ok(())
+}
+
+/// What pods hold, from PodResources, else the kubelet checkpoint.
+fn allocated_devices(cli: &Cli) -> pod_resources::Assigned {
+    let listed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(PodResourcesClient::new(&cli.pod_resources_socket).list())
+                .map_err(|e| e.to_string())
+        });
+    match listed {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("note: {e}; reading the kubelet checkpoint instead");
+            kubelet_checkpoint::read(&cli.kubelet_dir)
+        }
+    }
 }
 
 fn run_cmd(cli: &Cli) -> anyhow::Result<()> {
@@ -161,6 +186,8 @@ fn run_cmd(cli: &Cli) -> anyhow::Result<()> {
         cdi: cli.cdi,
         config_path: cli.config.clone(),
         rescan_interval: Duration::from_millis(cli.rescan_ms),
+        pod_resources_socket: cli.pod_resources_socket.clone(),
+        allocation_grace: plugin::DEFAULT_ALLOCATION_GRACE,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

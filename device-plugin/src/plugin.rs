@@ -4,10 +4,13 @@
 
 use crate::cdi;
 use crate::config::{self, Config, ConfigError, Format};
+use crate::device_info;
 use crate::files::{self, FileError};
 use crate::host_view::{self, HostView};
+use crate::in_use::{InUse, Source};
 use crate::inventory::{self, Memory};
 use crate::kubelet_checkpoint;
+use crate::pod_resources::{self, PodResourcesClient};
 use crate::pool_server::PoolTask;
 use crate::resource_name::ResourceName;
 use crate::shared::Shared;
@@ -16,9 +19,10 @@ use crate::watcher::{self, WatchError};
 use sriov_helpers::HostRoot;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -26,6 +30,10 @@ pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
 pub const DEFAULT_DEVINFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_CONFIG: &str = "/etc/kroce/device-plugin/config.yaml";
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = pod_resources::DEFAULT_SOCKET;
+/// How long after Allocate a device counts as held even though the kubelet
+/// does not list it yet (it records an allocation after Allocate returns).
+pub const DEFAULT_ALLOCATION_GRACE: Duration = Duration::from_secs(5);
 /// sysfs sends no inotify events, so its state is probed this often.
 pub const DEFAULT_RESCAN: Duration = Duration::from_secs(1);
 /// A full scan even when the probe saw no change (GID tables, link targets).
@@ -44,6 +52,9 @@ pub struct Options {
     pub cdi: bool,
     pub config_path: PathBuf,
     pub rescan_interval: Duration,
+    /// The kubelet's PodResources socket: which devices running pods hold.
+    pub pod_resources_socket: PathBuf,
+    pub allocation_grace: Duration,
 }
 
 impl Options {
@@ -57,6 +68,8 @@ impl Options {
             cdi: false,
             config_path,
             rescan_interval: DEFAULT_RESCAN,
+            pod_resources_socket: DEFAULT_POD_RESOURCES_SOCKET.into(),
+            allocation_grace: DEFAULT_ALLOCATION_GRACE,
         }
     }
 }
@@ -71,9 +84,11 @@ pub enum RunError {
     Dir(#[from] FileError),
 }
 
-/// Runs until `shutdown` completes, then stops every pool and removes the
-/// sockets, CDI specs and device-info files it created. Fails only at start
-/// (bad initial config, unwatchable directories).
+/// Runs until `shutdown` completes, then stops every pool, removes its
+/// sockets and the CDI specs and device-info files of devices no pod holds
+/// (those of held devices stay: their containers may restart while no
+/// plugin runs). Fails only at start (bad initial config, unwatchable
+/// directories).
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     // The operator writes this node's config only once an RdmaNetwork selects
     // the node; until then serve no pools and wait for the file to appear.
@@ -102,8 +117,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         pools = config.pools.len(),
         kubelet_dir = %opts.kubelet_dir.display(),
         cdi = opts.cdi,
+        pod_resources = %opts.pod_resources_socket.display(),
         "starting"
     );
+    let pod_resources = PodResourcesClient::new(&opts.pod_resources_socket);
     let mut r = Reconciler {
         opts,
         config,
@@ -115,6 +132,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         kubelet_tx,
         pools: BTreeMap::new(),
         cdi_written: BTreeMap::new(),
+        pod_resources,
+        pod_resources_error: None,
+        our_resources: BTreeSet::new(),
         host_errors: BTreeSet::new(),
         last_probe: None,
         last_full: tokio::time::Instant::now(),
@@ -160,9 +180,15 @@ struct Reconciler {
     kubelet_tx: watch::Sender<u64>,
     pools: BTreeMap<ResourceName, PoolHandle>,
     cdi_written: BTreeMap<ResourceName, cdi::Spec>,
+    pod_resources: PodResourcesClient,
+    /// The last PodResources failure logged (not logged again until it changes).
+    pod_resources_error: Option<String>,
+    /// Every pool served since start: whose device-info files are ours.
+    our_resources: BTreeSet<ResourceName>,
     host_errors: BTreeSet<String>,
-    /// Probe taken just before the last full scan.
-    last_probe: Option<u64>,
+    /// Host probe taken just before the last full scan, and the in-use
+    /// fingerprint it used.
+    last_probe: Option<(u64, u64)>,
     last_full: tokio::time::Instant,
 }
 
@@ -200,54 +226,93 @@ impl Reconciler {
         }
     }
 
-    /// The periodic check: a cheap probe, and a full scan only when it
-    /// changed (or every [`FULL_SCAN_EVERY`]).
-    async fn tick(&mut self) {
-        let root = self.opts.host_root.clone();
-        let checkpoint = self.opts.kubelet_dir.join(kubelet_checkpoint::FILE_NAME);
-        let probe =
-            tokio::task::spawn_blocking(move || host_view::probe(&root, &[&checkpoint])).await;
-        match probe {
-            Ok(p) if Some(p) == self.last_probe && self.last_full.elapsed() < FULL_SCAN_EVERY => {}
-            _ => self.rescan().await,
+    /// Which devices pods hold: from PodResources, else (with a warning) the
+    /// kubelet checkpoint, else unknown. Plus this process's allocations the
+    /// kubelet's answer may not show yet.
+    async fn in_use(&mut self) -> InUse {
+        let grace = self.opts.allocation_grace;
+        let asked = Instant::now();
+        match self.pod_resources.list().await {
+            Ok(kubelet) => {
+                if self.pod_resources_error.take().is_some() {
+                    tracing::info!(socket = %self.pod_resources.path().display(), "PodResources answers again; in-use devices come from it");
+                }
+                let pending = self.shared.allocations().pending(Some(asked), grace);
+                InUse {
+                    source: Source::PodResources,
+                    kubelet,
+                    pending,
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let asked = Instant::now();
+                let checkpoint = kubelet_checkpoint::try_read(&self.opts.kubelet_dir);
+                if self.pod_resources_error.as_deref() != Some(&msg) {
+                    let path = self.opts.kubelet_dir.join(kubelet_checkpoint::FILE_NAME);
+                    if checkpoint.is_some() {
+                        tracing::warn!(error = %e, checkpoint = %path.display(), "cannot list pod resources; in-use devices come from the kubelet checkpoint, which keeps a deleted pod's devices until the kubelet's next allocation");
+                    } else {
+                        tracing::warn!(error = %e, checkpoint = %path.display(), "cannot list pod resources and no readable kubelet checkpoint; only this plugin's own allocations count as in use, and no device-info file or CDI spec is removed");
+                    }
+                    self.pod_resources_error = Some(msg);
+                }
+                let mut book = self.shared.allocations();
+                match checkpoint {
+                    Some(kubelet) => InUse {
+                        source: Source::Checkpoint,
+                        kubelet,
+                        pending: book.pending(Some(asked), grace),
+                    },
+                    None => InUse::unknown(book.pending(None, grace)),
+                }
+            }
         }
     }
 
-    /// A full scan: rebuilds the snapshot and publishes it when it changed.
-    async fn rescan(&mut self) {
+    /// The periodic check: a cheap probe of the host and the in-use list,
+    /// and a full scan only when either changed (or every [`FULL_SCAN_EVERY`]).
+    async fn tick(&mut self) {
+        let in_use = self.in_use().await;
         let root = self.opts.host_root.clone();
-        let kubelet_dir = self.opts.kubelet_dir.clone();
+        let probe = tokio::task::spawn_blocking(move || host_view::probe(&root, &[])).await;
+        match probe {
+            Ok(p)
+                if Some((p, fingerprint(&in_use))) == self.last_probe
+                    && self.last_full.elapsed() < FULL_SCAN_EVERY => {}
+            _ => self.rescan_with(in_use).await,
+        }
+    }
+
+    async fn rescan(&mut self) {
+        let in_use = self.in_use().await;
+        self.rescan_with(in_use).await;
+    }
+
+    /// A full scan: rebuilds the snapshot and publishes it when it changed,
+    /// then brings the files in line with what pods hold.
+    async fn rescan_with(&mut self, in_use: InUse) {
+        let root = self.opts.host_root.clone();
         let scanned = tokio::task::spawn_blocking(move || {
-            let checkpoint = kubelet_dir.join(kubelet_checkpoint::FILE_NAME);
             // Probe first: a change during the scan shows in the next probe.
-            let probe = host_view::probe(&root, &[&checkpoint]);
-            (
-                probe,
-                HostView::scan(&root),
-                kubelet_checkpoint::read(&kubelet_dir),
-            )
+            let probe = host_view::probe(&root, &[]);
+            (probe, HostView::scan(&root))
         })
         .await;
-        let (probe, view, checkpoint) = match scanned {
+        let (probe, view) = match scanned {
             Ok(x) => x,
             Err(e) => {
                 tracing::error!(error = %e, "host scan failed");
                 return;
             }
         };
-        self.last_probe = Some(probe);
+        self.last_probe = Some((probe, fingerprint(&in_use)));
         self.last_full = tokio::time::Instant::now();
         self.log_host_errors(&view);
         let candidates = inventory::candidates(&view, &mut self.memory);
-        let snap = {
-            let mut book = self.shared.allocations();
-            book.observe(&candidates);
-            let in_use = |r: &ResourceName, id: &str| {
-                book.is_handed_out(r, id)
-                    || checkpoint.get(r.as_str()).is_some_and(|s| s.contains(id))
-            };
-            Snapshot::build(&self.config, candidates, &in_use)
-        };
+        let snap = Snapshot::build(&self.config, candidates, &|r, id| {
+            in_use.holds(r.as_str(), id)
+        });
         let prev = self.shared.latest();
         let changed = *prev != snap;
         if changed {
@@ -257,10 +322,113 @@ impl Reconciler {
         if self.opts.cdi {
             self.write_cdi_specs(&snap);
         }
+        self.reconcile_files(&snap, &in_use);
         if changed {
             self.snap_tx.send_replace(Arc::new(snap));
         }
         self.reconcile_pools().await;
+    }
+
+    /// Device-info files and CDI specs follow what pods hold: a held
+    /// device's files are kept (and a missing device-info file re-written),
+    /// a released device's removed. Nothing is removed when nobody can say
+    /// what is held.
+    fn reconcile_files(&mut self, snap: &Snapshot, in_use: &InUse) {
+        for ps in &snap.pools {
+            self.our_resources.insert(ps.pool.resource.clone());
+        }
+        if in_use.can_restore() {
+            self.restore_device_info(snap, in_use);
+        }
+        if in_use.can_release() {
+            self.remove_released_device_info(snap, in_use);
+            self.remove_released_cdi_specs(in_use);
+        }
+    }
+
+    fn restore_device_info(&self, snap: &Snapshot, in_use: &InUse) {
+        for ps in &snap.pools {
+            let res = &ps.pool.resource;
+            for id in in_use.held(res.as_str()) {
+                let Some(info) = ps
+                    .devices
+                    .get(id)
+                    .and_then(|d| device_info::for_candidate(&d.candidate))
+                else {
+                    continue;
+                };
+                let path = self.opts.devinfo_dir.join(device_info::file_name(res, id));
+                if path.exists() {
+                    continue;
+                }
+                let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
+                match files::write_atomic(&path, &json) {
+                    Ok(()) => {
+                        tracing::info!(resource = %res, device = id, path = %path.display(), "re-wrote the device-info file of a device a pod holds")
+                    }
+                    Err(e) => {
+                        tracing::warn!(resource = %res, device = id, error = %e, "cannot re-write device-info file")
+                    }
+                }
+            }
+        }
+    }
+
+    fn remove_released_device_info(&self, snap: &Snapshot, in_use: &InUse) {
+        let Ok(rd) = std::fs::read_dir(&self.opts.devinfo_dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some((res, id)) = device_info_owner(&name, &self.our_resources, snap, in_use)
+            else {
+                continue;
+            };
+            if in_use.holds(res.as_str(), &id) {
+                continue;
+            }
+            match files::remove(&e.path()) {
+                Ok(()) => {
+                    tracing::info!(resource = %res, device = %id, source = in_use.source.as_str(), "removed the device-info file of a device no pod holds")
+                }
+                Err(e) => {
+                    tracing::warn!(resource = %res, device = %id, error = %e, "cannot remove device-info file")
+                }
+            }
+        }
+    }
+
+    /// Removes `kroce.io-*.json` CDI specs this process does not keep
+    /// written for a pool and no pod needs (a removed pool, an old run, CDI
+    /// mode turned off).
+    fn remove_released_cdi_specs(&self, in_use: &InUse) {
+        let Ok(rd) = std::fs::read_dir(&self.opts.cdi_dir) else {
+            return;
+        };
+        let mut keep: BTreeSet<String> = self.cdi_written.keys().map(cdi::file_name).collect();
+        let held = in_use
+            .kubelet
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(r, _)| r.as_str())
+            .chain(in_use.pending.iter().map(|(r, _)| r.as_str()));
+        keep.extend(
+            held.filter_map(|r| ResourceName::parse(r).ok())
+                .map(|r| cdi::file_name(&r)),
+        );
+        let prefix = format!("{}-", crate::resource_name::VENDOR_DOMAIN);
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&prefix) || !name.ends_with(".json") || keep.contains(&name) {
+                continue;
+            }
+            match files::remove(&e.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %e.path().display(), "removed a CDI spec no pod needs")
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot remove CDI spec"),
+            }
+        }
     }
 
     fn log_host_errors(&mut self, view: &HostView) {
@@ -292,28 +460,15 @@ impl Reconciler {
                     }
                 }
                 None if self.cdi_written.contains_key(res) => {
-                    self.remove_cdi_spec(res);
+                    // No devices: no spec to keep written. Whether the file
+                    // goes depends on what pods hold (reconcile_files).
+                    self.cdi_written.remove(res);
                 }
                 _ => {}
             }
         }
-        let gone: Vec<ResourceName> = self
-            .cdi_written
-            .keys()
-            .filter(|r| !present.contains(*r))
-            .cloned()
-            .collect();
-        for res in gone {
-            self.remove_cdi_spec(&res);
-        }
-    }
-
-    fn remove_cdi_spec(&mut self, res: &ResourceName) {
-        let path = self.opts.cdi_dir.join(cdi::file_name(res));
-        if let Err(e) = files::remove(&path) {
-            tracing::warn!(resource = %res, error = %e, "cannot remove CDI spec");
-        }
-        self.cdi_written.remove(res);
+        // Pools gone from the config: same.
+        self.cdi_written.retain(|r, _| present.contains(r));
     }
 
     /// One running pool task per configured pool.
@@ -334,12 +489,7 @@ impl Reconciler {
             if let Some(h) = self.pools.remove(&res) {
                 stop_pool(&res, h).await;
             }
-            for p in self.shared.allocations().take_devinfo_files(Some(&res)) {
-                let _ = files::remove(&p);
-            }
-            if self.cdi_written.contains_key(&res) {
-                self.remove_cdi_spec(&res);
-            }
+            // Its files go with the next rescan, unless a pod holds them.
         }
         for res in wanted {
             if self.pools.contains_key(&res) {
@@ -358,24 +508,73 @@ impl Reconciler {
         }
     }
 
-    /// Stops every pool, then removes what the plugin wrote. Keeps going
-    /// past failures.
+    /// Stops every pool, then removes the device-info files and CDI specs
+    /// of devices no pod holds. A held device's files stay: its containers
+    /// may restart before the next plugin runs, and the kubelet does not call
+    /// Allocate again for them. Keeps going past failures.
     async fn shutdown(mut self) {
         tracing::info!("shutting down");
         let pools = std::mem::take(&mut self.pools);
         for (res, h) in pools {
             stop_pool(&res, h).await;
         }
-        let written: Vec<ResourceName> = self.cdi_written.keys().cloned().collect();
-        for res in written {
-            self.remove_cdi_spec(&res);
+        let in_use = self.in_use().await;
+        if !in_use.can_release() {
+            tracing::warn!(
+                "cannot tell which devices pods hold; leaving every device-info file and CDI spec in place"
+            );
         }
-        for p in self.shared.allocations().take_devinfo_files(None) {
-            if let Err(e) = files::remove(&p) {
-                tracing::warn!(error = %e, "cannot remove device-info file");
-            }
+        // No spec is kept written once the pools stop: only held ones stay.
+        self.cdi_written.clear();
+        let snap = self.shared.latest();
+        self.reconcile_files(&snap, &in_use);
+    }
+}
+
+/// A fingerprint of what pods hold, for the cheap periodic check.
+fn fingerprint(in_use: &InUse) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    in_use.hash(&mut h);
+    h.finish()
+}
+
+/// The pool and device ID a device-info file name belongs to, when it is
+/// one of ours: `<prefix of a pool we served>-<id>-device.json` with an ID
+/// that pool knows, a pod holds, or that looks like a PCI address (a device
+/// gone since). The longest matching prefix wins (`rdma/vf` vs `rdma/vf-x`).
+fn device_info_owner(
+    name: &str,
+    ours: &BTreeSet<ResourceName>,
+    snap: &Snapshot,
+    in_use: &InUse,
+) -> Option<(ResourceName, String)> {
+    let stem = name.strip_suffix("-device.json")?;
+    if name.starts_with('.') {
+        return None;
+    }
+    let mut best: Option<(usize, &ResourceName, &str)> = None;
+    for res in ours {
+        let prefix = format!("{}-", res.device_info_prefix());
+        let Some(id) = stem.strip_prefix(prefix.as_str()) else {
+            continue;
+        };
+        let known = snap.pool(res).is_some_and(|p| p.devices.contains_key(id))
+            || in_use.holds(res.as_str(), id)
+            || looks_like_pci_id(id);
+        if known && best.is_none_or(|(len, _, _)| prefix.len() > len) {
+            best = Some((prefix.len(), res, id));
         }
     }
+    best.map(|(_, r, id)| (r.clone(), id.to_string()))
+}
+
+/// `0000:3b:00.2` or a share of one, `0000:3b:00.0-7`.
+fn looks_like_pci_id(id: &str) -> bool {
+    let base = match id.rsplit_once('-') {
+        Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => b,
+        _ => id,
+    };
+    base.parse::<sriov_helpers::PciAddress>().is_ok()
 }
 
 async fn stop_pool(res: &ResourceName, h: PoolHandle) {

@@ -1,7 +1,9 @@
 //! GetPreferredAllocation: from the available devices, pick `size` that
-//! include every must-include and sit on the fewest NUMA nodes, then on the
-//! fewest PFs (HCAs). The answer depends only on the sets given, not on their
-//! order, and ties go to the lowest IDs.
+//! include every must-include and sit on the fewest NUMA nodes. Then
+//! [`Strategy::Pack`] (VFs) uses the fewest PFs, and [`Strategy::Spread`]
+//! (shares of shared HCAs, where `rdma/hca: 2` means two HCAs to a user)
+//! uses the most HCAs, as evenly as it can. The answer depends only on the
+//! sets given, not on their order, and ties go to the lowest IDs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,6 +13,25 @@ pub struct Topology {
     pub numa: Option<u32>,
     /// The PF/HCA the device belongs to.
     pub group: String,
+}
+
+/// What to do within the fewest NUMA nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Fewest groups (PFs): VFs of one PF share its switch and link.
+    Pack,
+    /// Most groups, then the fewest shares on any one: shares of one HCA
+    /// share everything, so two shares of two HCAs are worth more.
+    Spread,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Pack => "pack",
+            Strategy::Spread => "spread",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +62,7 @@ pub fn preferred(
     must_include: &[String],
     size: i64,
     topology: &dyn Fn(&str) -> Topology,
+    strategy: Strategy,
 ) -> Result<Vec<String>, PreferredError> {
     let size = usize::try_from(size).map_err(|_| PreferredError::NegativeSize(size))?;
     let avail: BTreeSet<&str> = available.iter().map(String::as_str).collect();
@@ -80,21 +102,27 @@ pub fn preferred(
         .map(|(n, v)| (*n, v.len()))
         .collect();
     let extra_sets = minimal_node_sets(&others, need.saturating_sub(free));
-    // Among node sets of minimal size, the one that needs the fewest PFs.
-    let mut best: Option<(usize, Vec<NodeKey>, Vec<&str>)> = None;
+    // Among node sets of minimal size, the one whose picks score best.
+    let mut best: Option<((usize, usize), Vec<NodeKey>, Vec<&str>)> = None;
     for extra in extra_sets {
         let pool: Vec<&str> = by_node
             .iter()
             .filter(|(n, _)| must_nodes.contains(*n) || extra.contains(*n))
             .flat_map(|(_, v)| v.iter().copied())
             .collect();
-        let (groups, picked) = pack_groups(&pool, need, &must_groups, &topo);
+        let (score, picked) = match strategy {
+            Strategy::Pack => {
+                let (groups, picked) = pack_groups(&pool, need, &must_groups, &topo);
+                ((groups, 0), picked)
+            }
+            Strategy::Spread => spread_groups(&pool, need, &must, &topo),
+        };
         let better = match &best {
             None => true,
-            Some((g, e, _)) => (groups, &extra) < (*g, e),
+            Some((sc, e, _)) => (score, &extra) < (*sc, e),
         };
         if better {
-            best = Some((groups, extra, picked));
+            best = Some((score, extra, picked));
         }
     }
     let mut out: Vec<String> = must.iter().map(|s| s.to_string()).collect();
@@ -190,10 +218,53 @@ fn pack_groups<'a>(
     (used.len(), picked)
 }
 
+/// Picks `need` devices from `pool` spread over the most groups, evenly:
+/// each pick goes to the group holding the fewest so far (must-includes
+/// count), lowest group and ID on ties. This water-filling reaches both the
+/// most groups and the lowest maximum per group. Returns ((usize::MAX -
+/// groups used, most in one group), picks): lower is better.
+fn spread_groups<'a>(
+    pool: &[&'a str],
+    need: usize,
+    must: &BTreeSet<&str>,
+    topo: &BTreeMap<&str, Topology>,
+) -> ((usize, usize), Vec<&'a str>) {
+    let mut free: BTreeMap<&str, Vec<&'a str>> = BTreeMap::new();
+    for id in pool {
+        free.entry(topo[id].group.as_str()).or_default().push(id);
+    }
+    for ids in free.values_mut() {
+        // Taken from the back: lowest ID first.
+        ids.sort_by(|a, b| b.cmp(a));
+    }
+    let mut held: BTreeMap<&str, usize> = BTreeMap::new();
+    for m in must {
+        *held.entry(topo[m].group.as_str()).or_default() += 1;
+    }
+    let mut picked = Vec::with_capacity(need);
+    while picked.len() < need {
+        let next = free
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .min_by_key(|(g, _)| (held.get(*g).copied().unwrap_or(0), **g))
+            .map(|(g, _)| *g);
+        let Some(g) = next else { break };
+        if let Some(id) = free.get_mut(g).and_then(Vec::pop) {
+            picked.push(id);
+            *held.entry(g).or_default() += 1;
+        }
+    }
+    let most = held.values().copied().max().unwrap_or(0);
+    ((usize::MAX - held.len(), most), picked)
+}
+
 #[cfg(test)]
 mod tests {
+    use super::Strategy as Pick;
     use super::*;
     use proptest::prelude::*;
+    // The enum above and proptest's trait share a name; in here it is the trait.
+    use proptest::strategy::Strategy;
 
     fn ids(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -216,17 +287,17 @@ mod tests {
         // Two fit on NUMA 0 (g1) and on NUMA 1 (g2): NUMA 0 comes first by id,
         // but both need one PF; the tie goes to the lower node.
         assert_eq!(
-            preferred(&avail, &[], 2, &topo_of).unwrap(),
+            preferred(&avail, &[], 2, &topo_of, Pick::Pack).unwrap(),
             ids(&["n0g1-0", "n0g1-1"])
         );
         // Three only fit on NUMA 1, and on a single PF there.
         assert_eq!(
-            preferred(&avail, &[], 3, &topo_of).unwrap(),
+            preferred(&avail, &[], 3, &topo_of, Pick::Pack).unwrap(),
             ids(&["n1g2-0", "n1g2-1", "n1g2-2"])
         );
         // A must-include on NUMA 0 pulls the rest there.
         assert_eq!(
-            preferred(&avail, &ids(&["n0g0-0"]), 3, &topo_of).unwrap(),
+            preferred(&avail, &ids(&["n0g0-0"]), 3, &topo_of, Pick::Pack).unwrap(),
             ids(&["n0g0-0", "n0g1-0", "n0g1-1"])
         );
     }
@@ -238,7 +309,7 @@ mod tests {
             "n0g0-0", "n0g0-1", "n0g1-0", "n0g1-1", "n1g2-0", "n1g2-1", "n1g2-2", "n1g2-3",
         ]);
         assert_eq!(
-            preferred(&avail, &[], 4, &topo_of).unwrap(),
+            preferred(&avail, &[], 4, &topo_of, Pick::Pack).unwrap(),
             ids(&["n1g2-0", "n1g2-1", "n1g2-2", "n1g2-3"])
         );
     }
@@ -247,35 +318,52 @@ mod tests {
     fn bad_requests_are_named() {
         let avail = ids(&["n0g0-0", "n0g0-1"]);
         assert_eq!(
-            preferred(&avail, &ids(&["n9g9-9"]), 1, &topo_of).unwrap_err(),
+            preferred(&avail, &ids(&["n9g9-9"]), 1, &topo_of, Pick::Pack).unwrap_err(),
             PreferredError::MustIncludeUnavailable("n9g9-9".into())
         );
         assert!(matches!(
-            preferred(&avail, &[], 3, &topo_of),
+            preferred(&avail, &[], 3, &topo_of, Pick::Pack),
             Err(PreferredError::NotEnough {
                 size: 3,
                 available: 2
             })
         ));
         assert!(matches!(
-            preferred(&avail, &avail, 1, &topo_of),
+            preferred(&avail, &avail, 1, &topo_of, Pick::Pack),
             Err(PreferredError::SizeBelowMustInclude { .. })
         ));
-        assert!(preferred(&avail, &[], -1, &topo_of).is_err());
+        assert!(preferred(&avail, &[], -1, &topo_of, Pick::Pack).is_err());
     }
 
-    /// (NUMA nodes, PFs) a selection spans.
-    fn cost(sel: &[String]) -> (usize, usize) {
+    /// What a strategy minimises over a selection: (NUMA nodes, PFs) for
+    /// pack; (NUMA nodes, fewest HCAs as MAX - HCAs, most shares on one)
+    /// for spread.
+    fn cost(sel: &[String], how: Pick) -> (usize, usize, usize) {
         let t: Vec<Topology> = sel.iter().map(|s| topo_of(s)).collect();
         let nodes: BTreeSet<Option<u32>> = t.iter().map(|t| t.numa).collect();
-        let groups: BTreeSet<&str> = t.iter().map(|t| t.group.as_str()).collect();
-        (nodes.len(), groups.len())
+        let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
+        for x in &t {
+            *groups.entry(x.group.as_str()).or_default() += 1;
+        }
+        match how {
+            Pick::Pack => (nodes.len(), groups.len(), 0),
+            Pick::Spread => (
+                nodes.len(),
+                usize::MAX - groups.len(),
+                groups.values().copied().max().unwrap_or(0),
+            ),
+        }
     }
 
-    /// The best (NUMA, PF) cost over every valid selection, by brute force.
-    fn best_cost(avail: &[String], must: &[String], size: usize) -> (usize, usize) {
+    /// The best cost over every valid selection, by brute force.
+    fn best_cost(
+        avail: &[String],
+        must: &[String],
+        size: usize,
+        how: Pick,
+    ) -> (usize, usize, usize) {
         let rest: Vec<&String> = avail.iter().filter(|a| !must.contains(a)).collect();
-        let mut best = (usize::MAX, usize::MAX);
+        let mut best = (usize::MAX, usize::MAX, usize::MAX);
         for mask in 0u32..(1 << rest.len()) {
             if mask.count_ones() as usize + must.len() != size {
                 continue;
@@ -286,9 +374,36 @@ mod tests {
                     sel.push((*r).clone());
                 }
             }
-            best = best.min(cost(&sel));
+            best = best.min(cost(&sel, how));
         }
         best
+    }
+
+    #[test]
+    fn spread_puts_shares_on_different_hcas_on_one_numa_node() {
+        // Shared pool: two HCAs on NUMA 0 (g0, g1), one on NUMA 1 (g2), three shares each.
+        let avail = ids(&[
+            "n0g0-0", "n0g0-1", "n0g0-2", "n0g1-0", "n0g1-1", "n0g1-2", "n1g2-0", "n1g2-1",
+            "n1g2-2",
+        ]);
+        let spread = |must: &[&str], size| {
+            preferred(&avail, &ids(must), size, &topo_of, Pick::Spread).unwrap()
+        };
+        // `rdma/hca: 2` is two HCAs, not two shares of one.
+        assert_eq!(spread(&[], 2), ids(&["n0g0-0", "n0g1-0"]));
+        assert_eq!(
+            preferred(&avail, &[], 2, &topo_of, Pick::Pack).unwrap(),
+            ids(&["n0g0-0", "n0g0-1"])
+        );
+        // Four over the two NUMA-0 HCAs evenly rather than three NUMA nodes' worth.
+        assert_eq!(
+            spread(&[], 4),
+            ids(&["n0g0-0", "n0g0-1", "n0g1-0", "n0g1-1"])
+        );
+        // NUMA first: a must-include on NUMA 1 keeps the other pick there.
+        assert_eq!(spread(&["n1g2-1"], 2), ids(&["n1g2-0", "n1g2-1"]));
+        // A must-include's HCA counts as used: the next goes to the other one.
+        assert_eq!(spread(&["n0g1-2"], 2), ids(&["n0g0-0", "n0g1-2"]));
     }
 
     fn device_pool() -> impl Strategy<Value = Vec<String>> {
@@ -324,21 +439,24 @@ mod tests {
                 .collect();
             let span = avail.len() - must.len();
             let size = must.len() + (size_pick as usize % (span + 1));
-            let got = preferred(&avail, &must, size as i64, &topo_of).unwrap();
-            // Right size, only available devices, no duplicates, all must-includes.
-            prop_assert_eq!(got.len(), size);
-            prop_assert!(got.iter().all(|g| avail.contains(g)));
-            let uniq: BTreeSet<&String> = got.iter().collect();
-            prop_assert_eq!(uniq.len(), got.len());
-            prop_assert!(must.iter().all(|m| got.contains(m)));
-            // Fewest NUMA nodes, then fewest PFs.
-            prop_assert_eq!(cost(&got), best_cost(&avail, &must, size));
-            // Same sets in another order give the same answer.
-            let mut rotated = avail.clone();
-            let k = (shuffle as usize) % rotated.len();
-            rotated.rotate_left(k);
-            rotated.reverse();
-            prop_assert_eq!(preferred(&rotated, &must, size as i64, &topo_of).unwrap(), got);
+            for how in [Pick::Pack, Pick::Spread] {
+                let got = preferred(&avail, &must, size as i64, &topo_of, how).unwrap();
+                // Right size, only available devices, no duplicates, all must-includes.
+                prop_assert_eq!(got.len(), size);
+                prop_assert!(got.iter().all(|g| avail.contains(g)));
+                let uniq: BTreeSet<&String> = got.iter().collect();
+                prop_assert_eq!(uniq.len(), got.len());
+                prop_assert!(must.iter().all(|m| got.contains(m)));
+                // Fewest NUMA nodes, then fewest PFs (pack) or most HCAs,
+                // evenly (spread).
+                prop_assert_eq!(cost(&got, how), best_cost(&avail, &must, size, how), "{:?}", how);
+                // Same sets in another order give the same answer.
+                let mut rotated = avail.clone();
+                let k = (shuffle as usize) % rotated.len();
+                rotated.rotate_left(k);
+                rotated.reverse();
+                prop_assert_eq!(preferred(&rotated, &must, size as i64, &topo_of, how).unwrap(), got);
+            }
         }
     }
 }

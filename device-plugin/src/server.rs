@@ -6,7 +6,7 @@ use crate::allocation::{self, ContainerAllocation};
 use crate::api::{self, device_plugin_server::DevicePlugin};
 use crate::config::Mode;
 use crate::files;
-use crate::preferred::{self, Topology};
+use crate::preferred::{self, Strategy, Topology};
 use crate::resource_name::ResourceName;
 use crate::shared::Shared;
 use futures::{Stream, StreamExt};
@@ -124,6 +124,10 @@ impl DevicePlugin for DevicePluginService {
                 group: id.to_string(),
             },
         };
+        let strategy = match pool.pool.mode {
+            Mode::Exclusive => Strategy::Pack,
+            Mode::Shared { .. } => Strategy::Spread,
+        };
         let mut out = Vec::new();
         for r in request.into_inner().container_requests {
             let ids = preferred::preferred(
@@ -131,10 +135,22 @@ impl DevicePlugin for DevicePluginService {
                 &r.must_include_device_i_ds,
                 i64::from(r.allocation_size),
                 &topology,
+                strategy,
             )
             .map_err(|e| {
+                tracing::debug!(resource = %self.resource, error = %e, "GetPreferredAllocation refused");
                 Status::invalid_argument(format!("{}: preferred allocation: {e}", self.resource))
             })?;
+            tracing::debug!(
+                resource = %self.resource,
+                strategy = strategy.as_str(),
+                size = r.allocation_size,
+                available = r.available_device_i_ds.len(),
+                must_include = ?r.must_include_device_i_ds,
+                chosen = ?ids,
+                numa = ?ids.iter().map(|id| topology(id).numa).collect::<Vec<_>>(),
+                "GetPreferredAllocation"
+            );
             out.push(api::ContainerPreferredAllocationResponse { device_i_ds: ids });
         }
         Ok(Response::new(api::PreferredAllocationResponse {
@@ -177,12 +193,10 @@ impl DevicePlugin for DevicePluginService {
         }
         {
             let mut book = self.shared.allocations();
-            if pool.pool.mode == Mode::Exclusive {
-                for r in &requests {
-                    book.record(&self.resource, r.devices_ids.iter().cloned());
-                }
+            let now = std::time::Instant::now();
+            for r in &requests {
+                book.record(&self.resource, r.devices_ids.iter().cloned(), now);
             }
-            book.add_devinfo_files(&self.resource, written);
         }
         for r in &requests {
             tracing::info!(resource = %self.resource, devices = ?r.devices_ids, "allocated");

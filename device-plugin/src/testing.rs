@@ -1,5 +1,8 @@
-//! A kubelet stand-in for tests, the demo and the benches (feature
-//! `testing`). Like the kubelet's device manager it serves `Registration` on
+//! Kubelet stand-ins for tests, the demo and the benches (feature
+//! `testing`): [`KubeletStandIn`] for registration and device plugin calls,
+//! [`PodResourcesStandIn`] for the PodResources API.
+//!
+//! [`KubeletStandIn`]: like the kubelet's device manager it serves `Registration` on
 //! `<dir>/kubelet.sock`; on each registration it dials the plugin's socket,
 //! asks for its options and follows its ListAndWatch stream, keeping the
 //! latest device list per resource. A restart removes every file in the
@@ -12,8 +15,10 @@ use crate::api::{
     self, device_plugin_client::DevicePluginClient, registration_server::Registration,
     registration_server::RegistrationServer,
 };
+use crate::pod_resources::api as pr;
 use crate::uds;
 use futures::StreamExt;
+use pr::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -332,6 +337,154 @@ impl Drop for KubeletStandIn {
         }
         for (_, f) in std::mem::take(&mut self.inner.state().followers) {
             f.abort();
+        }
+    }
+}
+
+/// A stand-in for the kubelet's PodResources API: real gRPC
+/// (`v1.PodResourcesLister`) on a unix socket, answering List and Get from
+/// the pods the test says are running (as the kubelet lists only pods it
+/// runs, a deleted pod leaves the answers).
+#[derive(Debug)]
+pub struct PodResourcesStandIn {
+    pods: Arc<Mutex<BTreeMap<(String, String), pr::PodResources>>>,
+    path: PathBuf,
+    server: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+}
+
+#[derive(Debug, Clone)]
+struct PodResourcesService(Arc<Mutex<BTreeMap<(String, String), pr::PodResources>>>);
+
+impl PodResourcesService {
+    fn pods(&self) -> MutexGuard<'_, BTreeMap<(String, String), pr::PodResources>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for PodResourcesService {
+    async fn list(
+        &self,
+        _: Request<pr::ListPodResourcesRequest>,
+    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
+        Ok(Response::new(pr::ListPodResourcesResponse {
+            pod_resources: self.pods().values().cloned().collect(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<pr::AllocatableResourcesRequest>,
+    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
+        Ok(Response::new(pr::AllocatableResourcesResponse::default()))
+    }
+
+    /// Like the kubelet: NotFound for a pod it does not run.
+    async fn get(
+        &self,
+        request: Request<pr::GetPodResourcesRequest>,
+    ) -> Result<Response<pr::GetPodResourcesResponse>, Status> {
+        let r = request.into_inner();
+        match self
+            .pods()
+            .get(&(r.pod_namespace.clone(), r.pod_name.clone()))
+        {
+            Some(p) => Ok(Response::new(pr::GetPodResourcesResponse {
+                pod_resources: Some(p.clone()),
+            })),
+            None => Err(Status::not_found(format!(
+                "pod {} in namespace {} not found",
+                r.pod_name, r.pod_namespace
+            ))),
+        }
+    }
+}
+
+impl PodResourcesStandIn {
+    /// Serves on `path` (its directory is created), with no pods.
+    pub async fn start(path: &Path) -> Result<PodResourcesStandIn, uds::UdsError> {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let mut s = PodResourcesStandIn {
+            pods: Arc::default(),
+            path: path.to_path_buf(),
+            server: None,
+        };
+        s.serve()?;
+        Ok(s)
+    }
+
+    fn serve(&mut self) -> Result<(), uds::UdsError> {
+        let (listener, _) = uds::bind(&self.path)?;
+        let (stop, mut stop_rx) = watch::channel(false);
+        let svc = PodResourcesListerServer::new(PodResourcesService(self.pods.clone()));
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+        self.server = Some((stop, task));
+        Ok(())
+    }
+
+    fn pods(&self) -> MutexGuard<'_, BTreeMap<(String, String), pr::PodResources>> {
+        self.pods
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A running pod (namespace `default`, one container `c`) holding
+    /// `ids` of `resource`; replaces a pod of the same name.
+    pub fn run_pod(&self, name: &str, resource: &str, ids: &[&str]) {
+        let pod = pr::PodResources {
+            name: name.into(),
+            namespace: "default".into(),
+            containers: vec![pr::ContainerResources {
+                name: "c".into(),
+                devices: vec![pr::ContainerDevices {
+                    resource_name: resource.into(),
+                    device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                    topology: None,
+                }],
+                ..Default::default()
+            }],
+        };
+        self.pods().insert(("default".into(), name.into()), pod);
+    }
+
+    /// The pod is deleted: it leaves List at once.
+    pub fn delete_pod(&self, name: &str) {
+        self.pods()
+            .remove(&("default".to_string(), name.to_string()));
+    }
+
+    /// Stops answering and removes the socket (kubelet down).
+    pub async fn stop(&mut self) {
+        if let Some((stop, task)) = self.server.take() {
+            let _ = stop.send(true);
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for PodResourcesStandIn {
+    fn drop(&mut self) {
+        if let Some((stop, task)) = self.server.take() {
+            let _ = stop.send(true);
+            task.abort();
         }
     }
 }

@@ -251,7 +251,9 @@ async fn allocate_device_specs_env_annotations_and_device_info() {
     );
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644);
-    // Stopping the plugin removes what it wrote.
+    // Stopping the plugin removes what it wrote for devices no pod holds
+    // (no pod was ever listed; past the grace the kubelet's word counts).
+    tokio::time::sleep(common::GRACE).await;
     h.stop_plugin().await.unwrap();
     assert!(
         files_in(&h.devinfo_dir()).is_empty(),
@@ -308,6 +310,8 @@ async fn allocate_in_cdi_mode() {
         })
         .await
         .unwrap();
+    // No pod holds any device: the spec goes when the plugin stops.
+    tokio::time::sleep(common::GRACE).await;
     h.stop_plugin().await.unwrap();
     assert!(!spec_path.exists());
     h.shutdown().await;
@@ -503,9 +507,10 @@ async fn vf_count_change_is_picked_up_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handed_out_vf_may_leave_the_host_namespace() {
-    let h = Harness::start(VF_CONFIG, false).await;
+    let mut h = Harness::start(VF_CONFIG, false).await;
     ready(&h, VF, 16).await;
     let mut client = h.kubelet().client(VF).unwrap();
+    h.pods().run_pod("p", VF, &["0000:3b:00.2"]);
     client.allocate(alloc_req(&["0000:3b:00.2"])).await.unwrap();
     // The CNI moves the VF netdev into the pod: still healthy.
     h.fx.remove_netdev("ens1f0v0").unwrap();
@@ -518,8 +523,13 @@ async fn handed_out_vf_may_leave_the_host_namespace() {
         .await
         .unwrap();
     assert_eq!(health_of(&d, "0000:3b:00.2"), Some("Healthy"));
-    // Devices the kubelet's checkpoint lists as allocated (e.g. before this
-    // plugin restarted) are treated the same.
+    // Past the grace it is the kubelet's listing that keeps it healthy.
+    tokio::time::sleep(common::GRACE * 3).await;
+    let d = h.kubelet().plugin(VF).unwrap().devices.unwrap();
+    assert_eq!(health_of(&d, "0000:3b:00.2"), Some("Healthy"));
+
+    // PodResources unreachable: the kubelet's checkpoint is read instead.
+    h.pod_resources.as_mut().unwrap().stop().await;
     std::fs::write(
         h.kubelet_dir().join("kubelet_internal_checkpoint"),
         r#"{"Data":{"PodDeviceEntries":[{"PodUID":"p","ContainerName":"c",
@@ -537,6 +547,168 @@ async fn handed_out_vf_may_leave_the_host_namespace() {
         .await
         .unwrap();
     assert_eq!(health_of(&d, "0000:86:00.2"), Some("Healthy"));
+    // The checkpoint does not list the first VF: free, and its netdev is gone.
+    assert_eq!(health_of(&d, "0000:3b:00.2"), Some("Unhealthy"));
+    h.shutdown().await;
+}
+
+/// The checkpoint the kubelet keeps: it still lists a deleted pod's devices.
+fn write_stale_checkpoint(h: &Harness, ids: &[&str]) {
+    let ids: Vec<String> = ids.iter().map(|i| format!("{i:?}")).collect();
+    std::fs::write(
+        h.kubelet_dir().join("kubelet_internal_checkpoint"),
+        format!(
+            r#"{{"Data":{{"PodDeviceEntries":[{{"PodUID":"q","ContainerName":"c",
+            "ResourceName":"rdma/vf","DeviceIDs":{{"0":[{}]}},"AllocResp":""}}],
+            "RegisteredDevices":{{}}}},"Checksum":0}}"#,
+            ids.join(",")
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pods_devices_stop_counting_as_in_use() {
+    let h = Harness::start(VF_CONFIG, false).await;
+    ready(&h, VF, 16).await;
+    let mut client = h.kubelet().client(VF).unwrap();
+    let (a, b) = ("0000:3b:00.2", "0000:3b:00.3");
+    h.pods().run_pod("pa", VF, &[a]);
+    h.pods().run_pod("pb", VF, &[b]);
+    client.allocate(alloc_req(&[a])).await.unwrap();
+    client.allocate(alloc_req(&[b])).await.unwrap();
+    write_stale_checkpoint(&h, &[a, b]);
+    // Both netdevs move into their pods.
+    h.fx.remove_netdev("ens1f0v0").unwrap();
+    h.fx.remove_netdev("ens1f0v1").unwrap();
+    tokio::time::sleep(common::GRACE * 3).await;
+    let d = h.kubelet().plugin(VF).unwrap().devices.unwrap();
+    assert_eq!(health_of(&d, a), Some("Healthy"));
+    assert_eq!(health_of(&d, b), Some("Healthy"));
+    let file = |id: &str| h.devinfo_dir().join(format!("rdma-vf-{id}-device.json"));
+    assert!(file(a).exists() && file(b).exists());
+    // Pod b is deleted; its VF's netdev does not come back (on hardware:
+    // a VF the driver lost). PodResources no longer lists it, the
+    // checkpoint still does: it is free now, and broken.
+    h.pods().delete_pod("pb");
+    let t = Instant::now();
+    let d = h
+        .kubelet()
+        .wait_devices(VF, SEEN_WITHIN, "deleted pod's VF unhealthy", |d| {
+            health_of(d, b) == Some("Unhealthy")
+        })
+        .await
+        .unwrap();
+    eprintln!("released VF unhealthy after {:?}", t.elapsed());
+    assert_eq!(health_of(&d, a), Some("Healthy"));
+    // Its device-info file goes; the running pod's stays.
+    h.kubelet()
+        .wait_for(SEEN_WITHIN, "released device-info removed", |_| {
+            (!file(b).exists()).then_some(())
+        })
+        .await
+        .unwrap();
+    assert!(file(a).exists());
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_vf_whose_netdev_vanishes_goes_unhealthy_without_restart() {
+    let h = Harness::start(VF_CONFIG, false).await;
+    ready(&h, VF, 16).await;
+    let mut client = h.kubelet().client(VF).unwrap();
+    let vf = "0000:86:00.2"; // ens2f0v0
+    // A pod gets the VF and is deleted before its netdev ever moved (e.g.
+    // its sandbox failed).
+    h.pods().run_pod("p", VF, &[vf]);
+    client.allocate(alloc_req(&[vf])).await.unwrap();
+    tokio::time::sleep(common::GRACE * 2).await;
+    h.pods().delete_pod("p");
+    tokio::time::sleep(common::RESCAN * 2).await;
+    // Then the free VF's netdev vanishes from the host.
+    h.fx.remove_netdev("ens2f0v0").unwrap();
+    let d = h
+        .kubelet()
+        .wait_devices(VF, SEEN_WITHIN, "free VF without netdev unhealthy", |d| {
+            health_of(d, vf) == Some("Unhealthy")
+        })
+        .await
+        .unwrap();
+    assert_eq!(d.len(), 16);
+    let err = client.allocate(alloc_req(&[vf])).await.unwrap_err();
+    assert!(
+        err.message().contains("ens2f0v0 is gone"),
+        "{}",
+        err.message()
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_devices_keep_cdi_spec_and_device_info_across_restart() {
+    let mut h = Harness::start(VF_CONFIG, true).await;
+    ready(&h, VF, 16).await;
+    let mut client = h.kubelet().client(VF).unwrap();
+    let (held, released) = ("0000:3b:00.2", "0000:86:00.2");
+    h.pods().run_pod("p", VF, &[held]);
+    h.pods().run_pod("q", VF, &[released]);
+    client.allocate(alloc_req(&[held])).await.unwrap();
+    client.allocate(alloc_req(&[released])).await.unwrap();
+    tokio::time::sleep(common::GRACE).await;
+    h.pods().delete_pod("q");
+    let devinfo_dir = h.devinfo_dir();
+    let file = |id: &str| devinfo_dir.join(format!("rdma-vf-{id}-device.json"));
+    let spec_path = h.cdi_dir().join("kroce.io-rdma_vf.json");
+    let spec_names = || -> Vec<String> {
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // SIGTERM: the running pod's files stay, the deleted pod's go.
+    h.stop_plugin().await.unwrap();
+    assert!(file(held).exists(), "{:?}", files_in(&h.devinfo_dir()));
+    assert!(!file(released).exists(), "{:?}", files_in(&h.devinfo_dir()));
+    assert!(spec_names().contains(&"0000-3b-00.2".to_string()));
+    // An older plugin removed the held device's device-info on its way out:
+    // the new one writes it again without an Allocate.
+    std::fs::remove_file(file(held)).unwrap();
+    h.start_plugin();
+    h.kubelet()
+        .wait_registered(VF, 2, SEEN_WITHIN)
+        .await
+        .unwrap();
+    h.kubelet()
+        .wait_for(SEEN_WITHIN, "held device-info re-written", |_| {
+            file(held).exists().then_some(())
+        })
+        .await
+        .unwrap();
+    let di: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(file(held)).unwrap()).unwrap();
+    assert_eq!(di["pci"]["pci-address"], held);
+    assert!(spec_names().contains(&"0000-3b-00.2".to_string()));
+    // The pod goes: after the next stop nothing of kroce's is left.
+    h.pods().delete_pod("p");
+    h.kubelet()
+        .wait_for(
+            SEEN_WITHIN,
+            "device-info of the deleted pod removed",
+            |_| (!file(held).exists()).then_some(()),
+        )
+        .await
+        .unwrap();
+    h.stop_plugin().await.unwrap();
+    assert!(
+        files_in(&h.devinfo_dir()).is_empty(),
+        "{:?}",
+        files_in(&h.devinfo_dir())
+    );
+    assert!(!spec_path.exists());
     h.shutdown().await;
 }
 

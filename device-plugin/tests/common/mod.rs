@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use kroce_device_plugin::plugin::{self, Options, RunError};
-use kroce_device_plugin::testing::{KubeletStandIn, scratch_dir};
+use kroce_device_plugin::testing::{KubeletStandIn, PodResourcesStandIn, scratch_dir};
 use sriov_helpers::fixture::FixtureHost;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,6 +13,8 @@ use tokio::task::JoinHandle;
 /// Health and rediscovery must show within this (the issue asks for 1-2 s).
 pub const SEEN_WITHIN: Duration = Duration::from_secs(2);
 pub const RESCAN: Duration = Duration::from_millis(250);
+/// Allocations count as held this long without the kubelet listing them.
+pub const GRACE: Duration = Duration::from_millis(300);
 pub const VF: &str = "rdma/vf";
 
 pub const VF_CONFIG: &str = "pools:
@@ -40,6 +42,7 @@ pub struct Harness {
     _fx_dir: tempfile::TempDir,
     pub tmp: tempfile::TempDir,
     pub kubelet: Option<KubeletStandIn>,
+    pub pod_resources: Option<PodResourcesStandIn>,
     plugin: Option<JoinHandle<Result<(), RunError>>>,
     stop: Option<oneshot::Sender<()>>,
     generation: AtomicU32,
@@ -55,6 +58,9 @@ impl Harness {
     }
     pub fn cdi_dir(&self) -> PathBuf {
         self.tmp.path().join("cdi")
+    }
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.tmp.path().join("pod-resources/kubelet.sock")
     }
     pub fn config_dir(&self) -> PathBuf {
         self.tmp.path().join("config")
@@ -95,6 +101,8 @@ impl Harness {
             cdi: self.cdi,
             config_path: self.config_path(),
             rescan_interval: RESCAN,
+            pod_resources_socket: self.pod_resources_socket(),
+            allocation_grace: GRACE,
         }
     }
 
@@ -109,6 +117,7 @@ impl Harness {
             _fx_dir: fx_dir,
             tmp: scratch_dir("kroce-dp-").unwrap(),
             kubelet: None,
+            pod_resources: None,
             plugin: None,
             stop: None,
             generation: AtomicU32::new(0),
@@ -119,8 +128,18 @@ impl Harness {
         h
     }
 
+    /// The kubelet's registration and PodResources stand-ins (no pods).
     pub async fn start_kubelet(&mut self) {
         self.kubelet = Some(KubeletStandIn::start(&self.kubelet_dir()).await.unwrap());
+        self.pod_resources = Some(
+            PodResourcesStandIn::start(&self.pod_resources_socket())
+                .await
+                .unwrap(),
+        );
+    }
+
+    pub fn pods(&self) -> &PodResourcesStandIn {
+        self.pod_resources.as_ref().unwrap()
     }
 
     pub fn start_plugin(&mut self) {
@@ -162,6 +181,9 @@ impl Harness {
         }
         if let Some(k) = self.kubelet.take() {
             k.stop().await;
+        }
+        if let Some(mut p) = self.pod_resources.take() {
+            p.stop().await;
         }
     }
 
