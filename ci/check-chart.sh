@@ -13,16 +13,40 @@ fail=0
 
 "$helm" lint --strict "$chart"
 
-render() { # name [values-file]
+render() { # name [helm args...]
   local name=$1
   shift
   "$helm" template kroce "$chart" --namespace kroce-system "$@" >"$out/$name.yaml"
   python3 "$repo/ci/validate_manifests.py" "$out/$name.yaml" | tail -n 1
 }
+# What the chart grants and where it puts things (ci/check_chart_objects.py):
+# check NAME [expectations...] after render NAME.
+check() {
+  local name=$1
+  shift
+  python3 "$repo/ci/check_chart_objects.py" "$out/$name.yaml" --namespace kroce-system "$@" || fail=1
+}
 render default
+check default
 for v in "$chart"/examples/values-*.yaml "$repo"/e2e/kind/values-kind.yaml; do
   render "$(basename "$v" .yaml)" --values "$v"
 done
+check values-no-nri
+check values-kind
+# Without the Prometheus Operator's API the ServiceMonitor is left out (an
+# install would fail on it); with it, it is rendered.
+check values-production
+render values-production-monitoring --values "$chart/examples/values-production.yaml" \
+  --api-versions monitoring.coreos.com/v1/ServiceMonitor
+check values-production-monitoring --servicemonitor
+render serviceMonitor-without-api --set serviceMonitor.enabled=true
+check serviceMonitor-without-api
+# Eviction is granted only with drainHeldVfs.
+render drain --set operator.drainHeldVfs=true
+check drain --drain
+# A perftest namespace the admin creates: the chart only binds the role there.
+render existing-test-ns --set operator.createTestNamespace=false --set operator.testNamespace=rdma-tests
+check existing-test-ns --existing-namespace rdma-tests
 
 # Every rendered file at once, so a failure anywhere fails the run.
 python3 "$repo/ci/validate_manifests.py" "$out"/*.yaml >"$out/report.txt" || {
@@ -54,6 +78,9 @@ expect_refused "typo key" "replcas" --set operator.replcas=2
 expect_refused "bad memlock" "/node/nri/defaultMemlock" --set node.nri.defaultMemlock=lots
 expect_refused "relative path" "/node/paths/cniBinDir" --set node.paths.cniBinDir=opt/cni/bin
 expect_refused "bad log level" "/logLevel" --set logLevel=loud
+expect_refused "perftest pods in the release namespace" "operator.testNamespace" \
+  --namespace kroce-system --set operator.testNamespace=kroce-system
+expect_refused "perftest namespace not a DNS label" "/operator/testNamespace" --set operator.testNamespace=Tests_NS
 
 if [ "$fail" = 0 ]; then
   echo "chart: all checks passed"

@@ -30,6 +30,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* Where perftest pods run. Never the release namespace: that one admits
+the privileged node daemon, and the controller may create pods here. */}}
 {{- define "kroce.testNamespace" -}}
-{{- default .Release.Namespace .Values.operator.testNamespace -}}
+{{- if eq .Values.operator.testNamespace .Release.Namespace -}}
+{{- fail (printf "operator.testNamespace %q is the release namespace: perftest pods need their own namespace (the controller may create pods there, and the release namespace admits the privileged node daemon)" .Values.operator.testNamespace) -}}
 {{- end -}}
+{{- .Values.operator.testNamespace -}}
+{{- end -}}
+
+{{/* CEL: COND (on container `c`) holds for every container list of a pod.
+Containers, init and ephemeral containers have different CEL types, so they
+are checked list by list, never concatenated. */}}
+{{- define "kroce.allContainers" -}}
+object.spec.containers.all(c, {{ . }}) &&
+(!has(object.spec.initContainers) || object.spec.initContainers.all(c, {{ . }})) &&
+(!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, {{ . }}))
+{{- end }}
