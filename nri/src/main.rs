@@ -124,15 +124,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         index = options.index(),
         "starting"
     );
-    let status = nri_reachable(&cli.socket);
-    if !status.is_reachable() {
-        tracing::warn!(
-            "{} — will keep retrying. {}",
-            status.message(),
-            status.hint().unwrap_or("")
-        );
-    }
-
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -154,7 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             tracing::info!("stopping");
         };
-        session::run(&cli.socket, &options, backoff, &handler, &state, shutdown).await;
+        session::start(&cli.socket, &options, backoff, &handler, &state, shutdown).await;
     });
     Ok(())
 }

@@ -323,7 +323,15 @@ mod tests {
     fn default_applies_only_without_an_explicit_request() {
         const GIB: u64 = 1 << 30;
         let devices = ("kroce.io/rdma-devices.rdma_vf", "0000:3b:00.2");
-        let table: &[(&str, Vec<(&str, &str)>, Option<Memlock>, Memlock, Memlock)] = &[
+        // (what, annotations, CNI request, default, expected limit)
+        type Row<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            Option<Memlock>,
+            Memlock,
+            Memlock,
+        );
+        let table: &[Row] = &[
             (
                 "explicit 1 GiB annotation, default unlimited",
                 vec![devices, ("kroce.io/memlock.rdma_vf", "1073741824")],

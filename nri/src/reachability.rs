@@ -1,8 +1,9 @@
 //! "Can kroce reach NRI?" — for the node agent's condition and `doctor`.
 //!
-//! Connecting is the whole check: a runtime with NRI enabled listens on the
-//! socket. (The runtime logs an unregistered connection that closes; that is
-//! harmless, but do not poll this in a tight loop.)
+//! [`nri_reachable`] connects: a runtime with NRI enabled listens on the
+//! socket. The runtime logs an unregistered connection that closes as an
+//! error, so do not poll it in a tight loop; [`socket_problem`] only looks at
+//! the file (kroce-nri's start-up uses it).
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -80,6 +81,27 @@ pub fn nri_reachable(socket: &Path) -> NriStatus {
     }
 }
 
+/// What is wrong with `socket` judging by the file alone, without connecting
+/// (a connection that never registers is logged as an error by containerd):
+/// `None` when a unix socket is there. Cannot tell a live socket from a
+/// stale one; the plugin's connection attempts will.
+pub fn socket_problem(socket: &Path) -> Option<NriStatus> {
+    use std::os::unix::fs::FileTypeExt;
+    let reachability = match std::fs::metadata(socket) {
+        Ok(meta) if meta.file_type().is_socket() => return None,
+        Ok(_) => Reachability::NotASocket,
+        Err(err) => match err.kind() {
+            io::ErrorKind::NotFound => Reachability::Missing,
+            io::ErrorKind::PermissionDenied => Reachability::PermissionDenied,
+            _ => Reachability::Other(err.to_string()),
+        },
+    };
+    Some(NriStatus {
+        socket: socket.to_owned(),
+        reachability,
+    })
+}
+
 fn classify(socket: &Path, err: &io::Error) -> Reachability {
     use std::os::unix::fs::FileTypeExt;
     // connect(2) says ECONNREFUSED for a regular file; tell the admin what it is.
@@ -131,6 +153,30 @@ mod tests {
         let status = nri_reachable(&path);
         assert_eq!(status.reachability, Reachability::Refused);
         assert!(status.hint().is_some());
+    }
+
+    #[test]
+    fn socket_problem_looks_at_the_file_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nri.sock");
+        assert_eq!(
+            socket_problem(&path).map(|s| s.reachability),
+            Some(Reachability::Missing)
+        );
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(
+            socket_problem(&path).map(|s| s.reachability),
+            Some(Reachability::NotASocket)
+        );
+        std::fs::remove_file(&path).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        assert_eq!(socket_problem(&path), None);
+        // Nothing connected to the listener.
+        assert!(matches!(
+            listener.accept(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        ));
     }
 
     #[test]

@@ -21,6 +21,11 @@ use crate::mux::{self, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use crate::proto::{RUNTIME_SERVICE, api, envelope};
 use crate::ttrpc::{self, Decoded, Reply, TtrpcError, code};
 
+/// What we send as `RegisterPluginRequest.NRI_version` (containerd logs it
+/// at registration, "unknown" when empty). NRI's Go stub sends its module
+/// version; this plugin has none, so it names itself and its version.
+pub const NRI_VERSION: &str = concat!("kroce-nri/", env!("CARGO_PKG_VERSION"));
+
 /// Stream ID of our one request (RegisterPlugin): client streams are odd.
 const REGISTER_STREAM: u32 = 1;
 
@@ -176,7 +181,7 @@ where
     let register = api::RegisterPluginRequest {
         plugin_name: options.name.clone(),
         plugin_idx: options.index.clone(),
-        nri_version: String::new(),
+        nri_version: NRI_VERSION.to_owned(),
     };
     let frame = ttrpc::encode_request(
         REGISTER_STREAM,
@@ -187,7 +192,7 @@ where
     writer
         .write_all(&mux::encode(RUNTIME_SERVICE_CONN, &frame))
         .await?;
-    tracing::debug!(name = %options.name, index = %options.index, "registering");
+    tracing::debug!(name = %options.name, index = %options.index, version = NRI_VERSION, "registering");
 
     let deadline = tokio::time::Instant::now() + options.registration_timeout;
     let mut trunk = mux::Decoder::new();
@@ -362,6 +367,31 @@ pub async fn connect_and_serve<R: MemlockRequests>(
             },
         },
     }
+}
+
+/// The plugin's whole life: say once at start-up if the NRI socket is not
+/// there (without connecting), then [`run`] until `shutdown` completes.
+pub async fn start<R, F>(
+    socket: &Path,
+    options: &SessionOptions,
+    backoff: Backoff,
+    handler: &Handler<R>,
+    state: &watch::Sender<PluginState>,
+    shutdown: F,
+) where
+    R: MemlockRequests,
+    F: Future<Output = ()>,
+{
+    // Only look at the file: a probe connection that never registers makes
+    // containerd log an error on every start.
+    if let Some(status) = crate::reachability::socket_problem(socket) {
+        tracing::warn!(
+            "{} — will keep retrying. {}",
+            status.message(),
+            status.hint().unwrap_or("")
+        );
+    }
+    run(socket, options, backoff, handler, state, shutdown).await;
 }
 
 /// Keeps the plugin connected until `shutdown` completes: connect, register,

@@ -60,9 +60,15 @@ impl FakeRuntime {
 
     /// Waits for a plugin to connect.
     pub async fn accept(&self) -> Result<PluginConn, FakeError> {
-        let (stream, _) = tokio::time::timeout(WAIT, self.listener.accept())
+        self.accept_within(WAIT).await
+    }
+
+    /// Waits up to `wait` for a plugin to connect (`FakeError::Timeout` if
+    /// none does: how a test shows that no connection was made).
+    pub async fn accept_within(&self, wait: Duration) -> Result<PluginConn, FakeError> {
+        let (stream, _) = tokio::time::timeout(wait, self.listener.accept())
             .await
-            .map_err(|_| FakeError::Timeout(WAIT))??;
+            .map_err(|_| FakeError::Timeout(wait))??;
         Ok(PluginConn::new(stream))
     }
 }

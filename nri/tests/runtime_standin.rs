@@ -573,3 +573,71 @@ async fn malformed_messages_do_not_stop_the_plugin() {
     assert_eq!(got, Some((DEFAULT, DEFAULT)));
     plugin.stop().await;
 }
+
+/// Start-up (as `kroce-nri` runs it): the first connection the runtime sees is
+/// the registration — no probe connection that registers nothing, which
+/// containerd logs as an error on every start — and the registration carries
+/// the plugin's version (else containerd logs "NRI version unknown").
+#[tokio::test]
+async fn start_up_makes_no_probe_connection_and_registers_with_a_version() {
+    let fx = fixture();
+    let rt = FakeRuntime::bind(&fx.socket).unwrap();
+    let options = SessionOptions::new("kroce-memlock", "50", Duration::from_secs(5)).unwrap();
+    let handler = Handler::new(Memlock::Bytes(DEFAULT), StateDir::new(&fx.state_dir));
+    let (state, mut rx) = watch::channel(PluginState::Connecting { last_error: None });
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let socket = fx.socket.clone();
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stop_rx.await;
+        };
+        session::start(
+            &socket,
+            &options,
+            Backoff::default(),
+            &handler,
+            &state,
+            shutdown,
+        )
+        .await;
+    });
+
+    let mut conn = rt.accept().await.unwrap();
+    let reg = conn
+        .expect_register()
+        .await
+        .expect("the first connection must be the registration, not a probe");
+    assert_eq!(reg.plugin_name, "kroce-memlock");
+    assert_eq!(
+        reg.nri_version,
+        session::NRI_VERSION,
+        "the registration names the plugin's version"
+    );
+    assert!(
+        reg.nri_version.starts_with("kroce-nri/") && reg.nri_version.len() > "kroce-nri/".len(),
+        "{:?}",
+        reg.nri_version
+    );
+    conn.configure(api::ConfigureRequest::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| matches!(s, PluginState::Configured { .. })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // No second connection follows either.
+    let extra = rt.accept_within(Duration::from_millis(300)).await;
+    assert!(
+        matches!(extra, Err(kroce_nri::testing::FakeError::Timeout(_))),
+        "unexpected extra connection: {extra:?}"
+    );
+
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
