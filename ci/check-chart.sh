@@ -2,7 +2,8 @@
 # Renders charts/kroce with the default values and every examples/values-*.yaml,
 # validates every object (Kubernetes OpenAPI schemas + our CRD schemas), checks
 # that wrong values are refused, and validates the example manifests.
-# Needs: helm (ci/install-helm.py), python3 with kubernetes-validate.
+# Needs: helm (ci/install-helm.py), python3 with kubernetes-validate and
+# cel-python (pip install kubernetes-validate==1.37.0 cel-python==0.5.0).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 helm=${HELM:-$repo/.tools/bin/helm}
@@ -28,6 +29,9 @@ check() {
 }
 render default
 check default
+# The perftest-pods policy's CEL, evaluated on the operator's test pod and on
+# pods that need more than baseline plus IPC_LOCK (ci/check_perftest_policy.py).
+python3 "$repo/ci/check_perftest_policy.py" "$out/default.yaml" kroce-perftest || fail=1
 for v in "$chart"/examples/values-*.yaml "$repo"/e2e/kind/values-kind.yaml; do
   render "$(basename "$v" .yaml)" --values "$v"
 done

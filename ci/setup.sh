@@ -31,6 +31,9 @@ command -v podman >/dev/null || apt-get install -y podman >&2
 
 python3 -c 'import kubernetes_validate' 2>/dev/null ||
   python3 -m pip install --quiet kubernetes-validate==1.37.0 >&2
+# cel-python: evaluates the chart's ValidatingAdmissionPolicy CEL (ci/check-chart.sh).
+python3 -c 'import celpy' 2>/dev/null ||
+  python3 -m pip install --quiet cel-python==0.5.0 >&2
 python3 "$repo/ci/install-helm.py" "$repo/.tools/bin" >&2
 
 # containerd 2.1.9 (Debian unstable, unpacked into a cache, not installed).
