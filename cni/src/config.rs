@@ -12,7 +12,7 @@
 
 use crate::addr::Mac;
 use crate::log::LogLevel;
-use crate::memlock::{Memlock, parse_memlock};
+use crate::memlock::Memlock;
 use crate::protocol::{CniArgs, CniError, CniResult, CniVersion, Dns, code};
 use crate::vf_attrs::{LinkState, VlanProto};
 use serde_json::{Map, Value};
@@ -483,7 +483,7 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
 
     let memlock = match top.get("memlock") {
         None => None,
-        Some(v) => Some(parse_memlock(v).map_err(|e| invalid("memlock", v, e))?),
+        Some(v) => Some(Memlock::from_json(v).map_err(|e| invalid("memlock", v, e.to_string()))?),
     };
 
     let ipam = match top.get("ipam") {
@@ -656,6 +656,9 @@ mod tests {
             ("rdma", json!("yes"), "rdma"),
             ("memlock", json!("lots"), "memlock"),
             ("memlock", json!(0), "memlock"),
+            // Kubernetes spells kilo `k`; one grammar everywhere (kroce_contracts).
+            ("memlock", json!("64K"), "memlock"),
+            ("memlock", json!("64g"), "memlock"),
             ("ipam", json!("host-local"), "ipam"),
             ("ipam", json!({"type":"../../bin/sh"}), "ipam.type"),
             ("logLevel", json!("loud"), "logLevel"),

@@ -1,160 +1,26 @@
 //! memlock: the per-sandbox request file the node's memlock enforcer reads,
 //! and the check of the locked-memory limit the runtime hands to containers.
 //!
-//! File: `<stateDir>/memlock/<containerID>.json`, written atomically
-//! (temp file + rename), one per sandbox. Several attachments of one sandbox
-//! are kept per ifname under `attachments`; the top-level `ifname`,
-//! `memlock` and `network` are those of the largest request (what the
-//! enforcer applies). Removed with the sandbox's last attachment (DEL/GC).
+//! File: `<stateDir>/memlock/<containerID>.json` (its shape, name and the
+//! largest-request rule are [`kroce_contracts::memlock_file`]'s), written
+//! atomically (temp file + rename) under a directory flock, one per
+//! sandbox. Removed with the sandbox's last attachment (DEL/GC).
 
 use crate::state::write_atomic;
+use kroce_contracts::memlock_file;
 use nix::fcntl::{Flock, FlockArg};
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// A locked-memory size: bytes, or no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Memlock {
-    Bytes(u64),
-    Unlimited,
-}
+/// The one memlock grammar and the file's shape, shared with kroce-nri
+/// (the reader), the device plugin and the operator.
+pub use kroce_contracts::Memlock;
+pub use kroce_contracts::memlock_file::{AttachmentMemlock, SandboxMemlock};
 
 /// What RDMA memory registration is assumed to need when the network asks
 /// for nothing specific: enough for a few registered buffers of a real
 /// RDMA application (rdma-core itself only warns below 32 KiB).
 pub const DEFAULT_NEEDED: Memlock = Memlock::Bytes(64 << 20);
-
-impl fmt::Display for Memlock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Memlock::Unlimited => f.write_str("unlimited"),
-            Memlock::Bytes(b) => write!(f, "{b} bytes"),
-        }
-    }
-}
-
-impl Serialize for Memlock {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Memlock::Unlimited => s.serialize_str("unlimited"),
-            Memlock::Bytes(b) => s.serialize_u64(*b),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Memlock {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = serde_json::Value::deserialize(d)?;
-        parse_memlock(&v).map_err(serde::de::Error::custom)
-    }
-}
-
-/// `"unlimited"`, a byte count (number or string), or a string with a
-/// binary (`Ki`, `Mi`, `Gi`, `Ti`) or decimal (`K`/`k`, `M`, `G`, `T`)
-/// suffix as in Kubernetes quantities. Zero is refused (it would forbid all
-/// registration).
-pub fn parse_memlock(v: &serde_json::Value) -> Result<Memlock, String> {
-    let bytes = match v {
-        serde_json::Value::Number(n) => n
-            .as_u64()
-            .ok_or_else(|| format!("{n} is not a whole number of bytes"))?,
-        serde_json::Value::String(s) => {
-            if s == "unlimited" {
-                return Ok(Memlock::Unlimited);
-            }
-            parse_size(s)?
-        }
-        other => return Err(format!("{other} is neither \"unlimited\" nor a byte size")),
-    };
-    if bytes == 0 {
-        return Err("0 would forbid every memory registration".into());
-    }
-    Ok(Memlock::Bytes(bytes))
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(digits_end);
-    if num.is_empty() {
-        return Err(format!("{s:?} does not start with a number"));
-    }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: {num} is too large"))?;
-    let mult: u64 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "K" | "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => {
-            return Err(format!(
-                "{s:?} has unknown unit {suffix:?} (use Ki, Mi, Gi, Ti, K, M, G, T)"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} overflows 64 bits"))
-}
-
-/// One attachment's request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttachmentMemlock {
-    pub memlock: Memlock,
-    pub network: String,
-}
-
-/// The per-sandbox file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SandboxMemlock {
-    pub version: u32,
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    pub netns: String,
-    /// The attachment whose request is the largest.
-    pub ifname: String,
-    pub memlock: Memlock,
-    pub network: String,
-    /// Every attachment's request, by ifname.
-    pub attachments: BTreeMap<String, AttachmentMemlock>,
-}
-
-impl SandboxMemlock {
-    /// Rebuilds the top-level fields from `attachments` (largest wins; on a
-    /// tie the first ifname). `None` when no attachment is left.
-    fn from_attachments(
-        container_id: &str,
-        netns: &str,
-        attachments: BTreeMap<String, AttachmentMemlock>,
-    ) -> Option<SandboxMemlock> {
-        let (ifname, top) =
-            attachments
-                .iter()
-                .fold(
-                    None::<(&String, &AttachmentMemlock)>,
-                    |best, (k, v)| match best {
-                        Some((_, b)) if b.memlock >= v.memlock => best,
-                        _ => Some((k, v)),
-                    },
-                )?;
-        Some(SandboxMemlock {
-            version: 1,
-            container_id: container_id.to_string(),
-            netns: netns.to_string(),
-            ifname: ifname.clone(),
-            memlock: top.memlock,
-            network: top.network.clone(),
-            attachments: attachments.clone(),
-        })
-    }
-}
 
 /// The memlock directory of a state dir.
 #[derive(Debug, Clone)]
@@ -165,7 +31,7 @@ pub struct MemlockDir {
 impl MemlockDir {
     pub fn new(state_dir: &Path) -> MemlockDir {
         MemlockDir {
-            dir: state_dir.join("memlock"),
+            dir: memlock_file::dir(state_dir),
         }
     }
 
@@ -173,8 +39,12 @@ impl MemlockDir {
         &self.dir
     }
 
-    pub fn file(&self, container_id: &str) -> PathBuf {
-        self.dir.join(format!("{container_id}.json"))
+    /// The sandbox's file; an ID that is no file name is refused (CNI
+    /// checks IDs first, so this only guards the rule being shared).
+    pub fn file(&self, container_id: &str) -> io::Result<PathBuf> {
+        memlock_file::file_name(container_id)
+            .map(|name| self.dir.join(name))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
     }
 
     /// Serialises writers of all sandboxes (short critical sections).
@@ -185,7 +55,7 @@ impl MemlockDir {
     }
 
     pub fn read(&self, container_id: &str) -> io::Result<Option<SandboxMemlock>> {
-        let path = self.file(container_id);
+        let path = self.file(container_id)?;
         match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
                 io::Error::new(
@@ -241,7 +111,7 @@ impl MemlockDir {
         }
         match SandboxMemlock::from_attachments(container_id, &current.netns, attachments) {
             Some(f) => self.write(&f),
-            None => remove_if_present(&self.file(container_id)),
+            None => remove_if_present(&self.file(container_id)?),
         }
     }
 
@@ -255,7 +125,7 @@ impl MemlockDir {
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(cid) = name.strip_suffix(".json") else {
+            let Some(cid) = memlock_file::sandbox_id_of(&name) else {
                 continue;
             };
             if let Ok(Some(f)) = self.read(cid) {
@@ -270,7 +140,7 @@ impl MemlockDir {
 
     fn write(&self, f: &SandboxMemlock) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(f).map_err(io::Error::other)?;
-        write_atomic(&self.file(&f.container_id), &bytes)
+        write_atomic(&self.file(&f.container_id)?, &bytes)
     }
 }
 
@@ -357,39 +227,6 @@ pub fn limit_warnings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn parse_sizes() {
-        assert_eq!(
-            parse_memlock(&json!("unlimited")).unwrap(),
-            Memlock::Unlimited
-        );
-        assert_eq!(parse_memlock(&json!(4096)).unwrap(), Memlock::Bytes(4096));
-        assert_eq!(
-            parse_memlock(&json!("64Mi")).unwrap(),
-            Memlock::Bytes(64 << 20)
-        );
-        assert_eq!(
-            parse_memlock(&json!("2G")).unwrap(),
-            Memlock::Bytes(2_000_000_000)
-        );
-        assert_eq!(parse_memlock(&json!("512")).unwrap(), Memlock::Bytes(512));
-        for bad in [
-            json!(0),
-            json!("0"),
-            json!(-1),
-            json!(1.5),
-            json!("lots"),
-            json!("5Qi"),
-            json!(true),
-            json!("99999999999999999999"),
-            json!("20000000Ti"),
-        ] {
-            assert!(parse_memlock(&bad).is_err(), "{bad}");
-        }
-        assert!(Memlock::Unlimited > Memlock::Bytes(u64::MAX));
-    }
 
     #[test]
     fn limits_text() {
@@ -437,7 +274,7 @@ Max locked memory         8388608              unlimited            bytes     \n
         assert_eq!(f.network, "b");
         assert_eq!(f.attachments.len(), 3);
         let raw: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(m.file("c1")).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(m.file("c1").unwrap()).unwrap()).unwrap();
         assert_eq!(raw["memlock"], "unlimited");
         assert_eq!(raw["containerID"], "c1");
         assert_eq!(raw["attachments"]["net1"]["memlock"], 1u64 << 30);
@@ -449,7 +286,7 @@ Max locked memory         8388608              unlimited            bytes     \n
         );
         m.forget("c1", "net1").unwrap();
         m.forget("c1", "net3").unwrap();
-        assert!(!m.file("c1").exists());
+        assert!(!m.file("c1").unwrap().exists());
         m.forget("c1", "net3").unwrap();
         m.forget("never", "net1").unwrap();
     }

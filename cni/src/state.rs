@@ -20,7 +20,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/kroce";
+/// Shared with kroce-nri, which reads the memlock requests under it.
+pub use kroce_contracts::DEFAULT_STATE_DIR;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
