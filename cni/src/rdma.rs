@@ -1,9 +1,10 @@
 //! RDMA devices across network namespaces (NETLINK_RDMA). Needs an RDMA
-//! stack: the real implementation is written for it; tests use the
-//! recording one (`testing` feature) and compare the exact bytes.
+//! stack: the real sockets are written for it; tests put a recording model
+//! of the kernel (`testing` feature) behind the same [`NetlinkRdma`] logic
+//! and compare the exact bytes and the netns each request came from.
 
 use crate::netlink::rdma::{self as msgs, RdmaNetnsMode};
-use crate::netlink::{NlError, NlSocket};
+use crate::netlink::{MsgBuilder, NlError, NlSocket};
 use crate::netns::Netns;
 use nix::errno::Errno;
 use nix::sys::socket::SockProtocol;
@@ -16,6 +17,12 @@ pub enum RdmaError {
         netns: String,
         #[source]
         source: NlError,
+    },
+    #[error("cannot enter netns {netns} to send RDMA netlink requests from there: {source}")]
+    EnterNetns {
+        netns: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("{op} RDMA device {device}: {source}")]
     Netlink {
@@ -43,32 +50,98 @@ pub trait RdmaControl {
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError>;
 }
 
-/// The real implementation: one NETLINK_RDMA socket per request netns.
+/// One NETLINK_RDMA socket. Only the thread that opened it sends on it:
+/// the kernel judges some requests by the sending thread's netns.
+pub trait RdmaSocket: Send {
+    /// Sends `msg`; the reply payloads (see [`NlSocket::request`]).
+    fn request(&mut self, msg: &MsgBuilder) -> Result<Vec<Vec<u8>>, NlError>;
+}
+
+/// Where NETLINK_RDMA sockets come from: `open` makes one in the calling
+/// thread's netns. `Send`: it is used from a helper thread inside the netns
+/// a request is about.
+pub trait RdmaSockets: Send {
+    fn open(&mut self) -> Result<Box<dyn RdmaSocket + '_>, NlError>;
+}
+
+impl RdmaSocket for NlSocket {
+    fn request(&mut self, msg: &MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
+        NlSocket::request(self, msg)
+    }
+}
+
+/// The kernel's NETLINK_RDMA.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelRdmaSockets;
+
+impl RdmaSockets for KernelRdmaSockets {
+    fn open(&mut self) -> Result<Box<dyn RdmaSocket + '_>, NlError> {
+        Ok(Box::new(NlSocket::open(SockProtocol::NetlinkRDMA)?))
+    }
+}
+
+impl<S: RdmaSockets + ?Sized> RdmaSockets for &mut S {
+    fn open(&mut self) -> Result<Box<dyn RdmaSocket + '_>, NlError> {
+        (**self).open()
+    }
+}
+
+/// The implementation: every request is sent from a thread inside the
+/// netns it is about, on a socket that thread opened.
 #[derive(Debug)]
-pub struct NetlinkRdma {
+pub struct NetlinkRdma<S = KernelRdmaSockets> {
     host: Option<Netns>,
+    sockets: S,
 }
 
 impl NetlinkRdma {
     /// `host`: where the netns mode is asked (`None`: the calling thread's).
     pub fn new(host: Option<Netns>) -> NetlinkRdma {
-        NetlinkRdma { host }
+        NetlinkRdma::with_sockets(host, KernelRdmaSockets)
+    }
+}
+
+/// Runs `f` on a thread in `ns` (the calling thread when it is there).
+fn in_netns<T: Send>(
+    ns: Option<&Netns>,
+    f: impl FnOnce() -> Result<T, RdmaError> + Send,
+) -> Result<T, RdmaError> {
+    match ns {
+        None => f(),
+        Some(ns) => ns
+            .run_in(|| Ok(f()))
+            .map_err(|source| RdmaError::EnterNetns {
+                netns: ns.path().display().to_string(),
+                source,
+            })?,
+    }
+}
+
+fn label(ns: Option<&Netns>) -> String {
+    ns.map(|n| n.path().display().to_string())
+        .unwrap_or_else(|| "of this process".into())
+}
+
+impl<S: RdmaSockets> NetlinkRdma<S> {
+    pub fn with_sockets(host: Option<Netns>, sockets: S) -> NetlinkRdma<S> {
+        NetlinkRdma { host, sockets }
     }
 
-    fn socket(ns: Option<&Netns>) -> Result<NlSocket, RdmaError> {
-        let r = match ns {
-            Some(ns) => NlSocket::open_in(ns, SockProtocol::NetlinkRDMA),
-            None => NlSocket::open(SockProtocol::NetlinkRDMA),
-        };
-        r.map_err(|source| RdmaError::Unavailable {
-            netns: ns
-                .map(|n| n.path().display().to_string())
-                .unwrap_or_else(|| "of this process".into()),
+    pub fn sockets(&self) -> &S {
+        &self.sockets
+    }
+
+    fn socket<'s>(
+        sockets: &'s mut S,
+        ns: Option<&Netns>,
+    ) -> Result<Box<dyn RdmaSocket + 's>, RdmaError> {
+        sockets.open().map_err(|source| RdmaError::Unavailable {
+            netns: label(ns),
             source,
         })
     }
 
-    fn find(sock: &mut NlSocket, device: &str) -> Result<Option<u32>, RdmaError> {
+    fn find(sock: &mut dyn RdmaSocket, device: &str) -> Result<Option<u32>, RdmaError> {
         let replies = sock
             .request(&msgs::dump_devices())
             .map_err(|source| RdmaError::Netlink {
@@ -90,45 +163,63 @@ impl NetlinkRdma {
     }
 }
 
-impl RdmaControl for NetlinkRdma {
+impl<S: RdmaSockets> RdmaControl for NetlinkRdma<S> {
     fn netns_mode(&mut self) -> Result<RdmaNetnsMode, RdmaError> {
-        let mut sock = Self::socket(self.host.as_ref())?;
-        let replies = sock
-            .request(&msgs::sys_get())
-            .map_err(|source| RdmaError::Netlink {
+        let host = self.host.as_ref();
+        let sockets = &mut self.sockets;
+        in_netns(host, || {
+            let mut sock = Self::socket(sockets, host)?;
+            let replies = sock
+                .request(&msgs::sys_get())
+                .map_err(|source| RdmaError::Netlink {
+                    op: "read the netns mode (SYS_GET) for".into(),
+                    device: "(system)".into(),
+                    source,
+                })?;
+            let first = replies.first().ok_or_else(|| RdmaError::Netlink {
                 op: "read the netns mode (SYS_GET) for".into(),
                 device: "(system)".into(),
-                source,
+                source: NlError::Kernel(Errno::ENODATA),
             })?;
-        let first = replies.first().ok_or_else(|| RdmaError::Netlink {
-            op: "read the netns mode (SYS_GET) for".into(),
-            device: "(system)".into(),
-            source: NlError::Kernel(Errno::ENODATA),
-        })?;
-        msgs::parse_netns_mode(first).map_err(|e| RdmaError::Netlink {
-            op: "decode the netns mode for".into(),
-            device: "(system)".into(),
-            source: e.into(),
+            msgs::parse_netns_mode(first).map_err(|e| RdmaError::Netlink {
+                op: "decode the netns mode for".into(),
+                device: "(system)".into(),
+                source: e.into(),
+            })
         })
     }
 
     fn present(&mut self, ns: &Netns, device: &str) -> Result<bool, RdmaError> {
-        let mut sock = Self::socket(Some(ns))?;
-        Ok(Self::find(&mut sock, device)?.is_some())
+        let sockets = &mut self.sockets;
+        in_netns(Some(ns), || {
+            let mut sock = Self::socket(sockets, Some(ns))?;
+            Ok(Self::find(sock.as_mut(), device)?.is_some())
+        })
     }
 
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError> {
-        let mut sock = Self::socket(Some(from))?;
-        let Some(index) = Self::find(&mut sock, device)? else {
-            return Ok(Moved::NotFound);
-        };
         let fd = u32::try_from(to.fd().as_raw_fd()).unwrap_or_default();
-        sock.request(&msgs::set_netns(index, fd))
-            .map(|_| Moved::Yes)
-            .map_err(|source| RdmaError::Netlink {
-                op: format!("move to netns {}", to.path().display()),
-                device: device.into(),
-                source,
-            })
+        let sockets = &mut self.sockets;
+        // The kernel looks the device up in the socket's netns and then
+        // (nldev_set_doit -> ib_device_set_netns_put ->
+        // rdma_dev_change_netns(dev, current->nsproxy->net_ns, net)) refuses
+        // with ENODEV unless the SENDING THREAD is in the device's current
+        // netns. So the lookup and the move both run on a thread inside
+        // `from`, as `ip netns exec FROM rdma dev set DEV netns TO` does;
+        // a socket opened there but written from the host thread only
+        // works for host -> pod.
+        in_netns(Some(from), || {
+            let mut sock = Self::socket(sockets, Some(from))?;
+            let Some(index) = Self::find(sock.as_mut(), device)? else {
+                return Ok(Moved::NotFound);
+            };
+            sock.request(&msgs::set_netns(index, fd))
+                .map(|_| Moved::Yes)
+                .map_err(|source| RdmaError::Netlink {
+                    op: format!("move to netns {}", to.path().display()),
+                    device: device.into(),
+                    source,
+                })
+        })
     }
 }

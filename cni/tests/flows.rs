@@ -285,6 +285,146 @@ fn rollback_at_every_step() {
     assert_eq!(bed.host.links().unwrap(), host_before);
 }
 
+/// The RDMA requests recorded since `from`: every one (lookup dump and
+/// move) sent from a thread inside `source` on a socket opened there, and
+/// exactly one move, out of `source`, answered by the kernel model.
+fn assert_rdma_sent_from(
+    kit: &kroce_cni::testing::Kit,
+    from: usize,
+    source: (u64, u64),
+    what: &str,
+) {
+    // The netns mode (SYS_GET) is a host-wide question, asked where the
+    // plugin runs.
+    let calls: Vec<_> = kit.rdma.calls[from..]
+        .iter()
+        .filter(|c| c.sent.msg_type != (5 << 10) + 6)
+        .collect();
+    assert!(!calls.is_empty(), "{what}: no RDMA request");
+    for c in &calls {
+        assert_eq!(
+            (c.thread_netns, c.socket_netns),
+            (source, source),
+            "{what}: RDMA request {:#x} not sent from the source netns: {c:?}",
+            c.sent.msg_type
+        );
+    }
+    let moves: Vec<_> = calls
+        .iter()
+        .filter(|c| c.sent.msg_type == (5 << 10) + 2)
+        .collect();
+    assert_eq!(moves.len(), 1, "{what}: {moves:?}");
+    assert_eq!(moves[0].device_netns, Some(source), "{what}");
+    assert_eq!(moves[0].errno, None, "{what}: the kernel refused the move");
+}
+
+/// The kernel moves an RDMA device only when the sending thread is in the
+/// device's current netns (rdma_dev_change_netns): ADD sends from the host
+/// netns, DEL, rollback and GC from the pod netns, on real netns.
+#[test]
+fn rdma_moves_are_sent_from_the_source_netns() {
+    if skip_without_netns("rdma_moves_are_sent_from_the_source_netns") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    // Like the binary: the plugin's own thread is in the host netns.
+    bed.host
+        .open()
+        .unwrap()
+        .run_in(|| {
+            rdma_flows_from_the_host(&bed);
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn rdma_flows_from_the_host(bed: &TestBed) {
+    let mut kit = kit_with_rdma(bed);
+    let dev = rdma_of(bed, 0);
+    let host = bed.host.open().unwrap().id();
+    let pod = bed.pod.open().unwrap().id();
+    let cfg = bed.config(json!({"rdma": true, "cniVersion": "1.1.0"}));
+    let back_home = |kit: &kroce_cni::testing::Kit, what: &str| {
+        assert_eq!(
+            kit.rdma.netns_of(&dev),
+            Some(host),
+            "{what}: RDMA device not back"
+        );
+    };
+
+    // ADD, then DEL.
+    let mark = kit.rdma.calls.len();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_rdma_sent_from(&kit, mark, host, "ADD");
+    assert_eq!(kit.rdma.netns_of(&dev), Some(pod));
+    let mark = kit.rdma.calls.len();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_rdma_sent_from(&kit, mark, pod, "DEL");
+    back_home(&kit, "DEL");
+
+    // Rollback: IPAM fails after the device moved.
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c2", "net1"),
+        &cfg,
+    )
+    .ok();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c2", "net1"),
+        &cfg,
+    )
+    .ok();
+    let faults = Faults::fail_at("ipam.add", 0);
+    let before_add = kit.rdma.calls.len();
+    let e = bed
+        .call(&mut kit, &faults, &bed.env("ADD", "c3", "net1"), &cfg)
+        .err();
+    assert!(faults.fired(), "{e}");
+    assert!(e.details.is_none(), "rollback incomplete: {e}");
+    let rollback_from = kit.rdma.calls[before_add..]
+        .iter()
+        .position(|c| c.sent.msg_type == (5 << 10) + 2)
+        .map(|i| before_add + i + 1)
+        .unwrap();
+    assert_rdma_sent_from(&kit, rollback_from, pod, "rollback");
+    back_home(&kit, "rollback");
+
+    // GC of a stale attachment.
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c4", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(kit.rdma.netns_of(&dev), Some(pod));
+    let mut gc_cfg = cfg.clone();
+    gc_cfg["cni.dev/valid-attachments"] = json!([]);
+    let mut env_gc = std::collections::HashMap::new();
+    env_gc.insert("CNI_COMMAND".to_string(), "GC".to_string());
+    env_gc.insert("CNI_PATH".to_string(), "/usr/lib/cni".to_string());
+    let mark = kit.rdma.calls.len();
+    bed.call(&mut kit, &Faults::none(), &env_gc, &gc_cfg).ok();
+    assert_rdma_sent_from(&kit, mark, pod, "GC");
+    back_home(&kit, "GC");
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
 #[test]
 fn del_after_netns_deleted_and_del_without_cache() {
     if skip_without_netns("del_after_netns_deleted_and_del_without_cache") {

@@ -3,14 +3,15 @@
 //! implementations send (same builders), record them, and keep an
 //! in-memory model of the hardware so flows can be checked end to end.
 
+use crate::netlink::NlError;
 use crate::netlink::rdma::{self as rmsgs, RdmaNetnsMode};
 use crate::netlink::route;
 use crate::netns::Netns;
-use crate::rdma::{Moved, RdmaControl, RdmaError};
+use crate::rdma::{Moved, NetlinkRdma, RdmaControl, RdmaError, RdmaSocket, RdmaSockets};
 use crate::vf_attrs::{LinkState, VfSetting, VfState};
 use crate::vf_config::{VfConfig, VfConfigError};
+use nix::errno::Errno;
 use std::collections::BTreeMap;
-use std::os::fd::AsRawFd;
 
 /// One recorded netlink request: type, flags and the bytes after `nlmsghdr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,13 +102,41 @@ impl VfConfig for RecordingVfConfig {
     }
 }
 
-/// RDMA devices and the netns each is in.
+/// One RDMA netlink request as the recording kernel saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaCall {
+    pub sent: Sent,
+    /// The netns (st_dev, st_ino) the socket was opened in.
+    pub socket_netns: (u64, u64),
+    /// The sending thread's netns at send time (`/proc/thread-self/ns/net`):
+    /// what the kernel calls `current->nsproxy->net_ns`.
+    pub thread_netns: (u64, u64),
+    /// For a move (SET with NET_NS_FD): the netns the device was in when the
+    /// request came, i.e. the source.
+    pub device_netns: Option<(u64, u64)>,
+    /// The errno the recording kernel answered with.
+    pub errno: Option<Errno>,
+}
+
+/// A model of the kernel's NETLINK_RDMA (nldev) for what this kernel cannot
+/// do: RDMA devices and the netns each is in. Sits behind the real
+/// [`NetlinkRdma`] logic as its socket source, so the threads and netns
+/// requests are sent from are the real ones; it reads the sending thread's
+/// netns per request and applies the kernel's rules:
+/// - a dump lists the devices of the socket's netns (exclusive mode);
+/// - SET looks the device up in the socket's netns (ENODEV), resolves
+///   NET_NS_FD in this process's fd table (EBADF), refuses in shared mode
+///   (EOPNOTSUPP) and, like `rdma_dev_change_netns(dev,
+///   current->nsproxy->net_ns, net)`, answers ENODEV unless the sending
+///   thread is in the device's current netns.
 #[derive(Debug, Clone)]
 pub struct RecordingRdma {
+    /// `Err`: no RDMA stack (opening a socket fails with this message).
     pub mode: Result<RdmaNetnsMode, String>,
     /// name -> (device index, netns id)
     pub devices: BTreeMap<String, (u32, (u64, u64))>,
     pub sent: Vec<Sent>,
+    pub calls: Vec<RdmaCall>,
 }
 
 impl RecordingRdma {
@@ -116,6 +145,7 @@ impl RecordingRdma {
             mode,
             devices: BTreeMap::new(),
             sent: Vec::new(),
+            calls: Vec::new(),
         }
     }
 
@@ -128,33 +158,137 @@ impl RecordingRdma {
     pub fn netns_of(&self, name: &str) -> Option<(u64, u64)> {
         self.devices.get(name).map(|d| d.1)
     }
+
+    /// The recorded moves (SET requests), answered or refused.
+    pub fn moves(&self) -> Vec<&RdmaCall> {
+        self.calls
+            .iter()
+            .filter(|c| c.sent.msg_type == rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_SET))
+            .collect()
+    }
+
+    fn visible(&self, socket_netns: (u64, u64), dev_netns: (u64, u64)) -> bool {
+        matches!(self.mode, Ok(RdmaNetnsMode::Shared)) || dev_netns == socket_netns
+    }
+
+    /// The kernel's answer to one request.
+    fn answer(
+        &mut self,
+        msg: &crate::netlink::MsgBuilder,
+        socket_netns: (u64, u64),
+        thread_netns: (u64, u64),
+        device_netns: &mut Option<(u64, u64)>,
+    ) -> Result<Vec<Vec<u8>>, Errno> {
+        let ty = msg.msg_type();
+        if ty == rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_SYS_GET) {
+            let mode = match self.mode {
+                Ok(RdmaNetnsMode::Exclusive) => 0,
+                Ok(RdmaNetnsMode::Shared) => 1,
+                Err(_) => return Err(Errno::EOPNOTSUPP),
+            };
+            let mut r = crate::netlink::MsgBuilder::new(ty, 0);
+            r.attr_u8(rmsgs::RDMA_NLDEV_SYS_ATTR_NETNS_MODE, mode);
+            return Ok(vec![r.payload().to_vec()]);
+        }
+        if ty == rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_GET) {
+            return Ok(self
+                .devices
+                .iter()
+                .filter(|(_, d)| self.visible(socket_netns, d.1))
+                .map(|(name, d)| {
+                    let mut r = crate::netlink::MsgBuilder::new(ty, 0);
+                    r.attr_u32(rmsgs::RDMA_NLDEV_ATTR_DEV_INDEX, d.0)
+                        .attr_str(rmsgs::RDMA_NLDEV_ATTR_DEV_NAME, name);
+                    r.payload().to_vec()
+                })
+                .collect());
+        }
+        if ty != rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_SET) {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let (mut index, mut fd) = (None, None);
+        for (t, p) in crate::netlink::attrs(msg.payload()).flatten() {
+            match t {
+                rmsgs::RDMA_NLDEV_ATTR_DEV_INDEX => index = crate::netlink::read_u32(p),
+                rmsgs::RDMA_NLDEV_NET_NS_FD => fd = crate::netlink::read_u32(p),
+                _ => {}
+            }
+        }
+        let index = index.ok_or(Errno::EINVAL)?;
+        // ib_device_get_by_index(sock_net(skb->sk), index)
+        let name = self
+            .devices
+            .iter()
+            .find(|(_, d)| d.0 == index && self.visible(socket_netns, d.1))
+            .map(|(n, _)| n.clone())
+            .ok_or(Errno::ENODEV)?;
+        let fd = fd.ok_or(Errno::EINVAL)?;
+        // get_net_ns_by_fd: the fd table is the process's.
+        let target = Netns::open(std::path::Path::new(&format!("/proc/self/fd/{fd}")))
+            .map_err(|_| Errno::EBADF)?
+            .id();
+        if matches!(self.mode, Ok(RdmaNetnsMode::Shared)) {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let dev = self.devices.get_mut(&name).ok_or(Errno::ENODEV)?;
+        *device_netns = Some(dev.1);
+        if dev.1 != thread_netns {
+            return Err(Errno::ENODEV);
+        }
+        dev.1 = target;
+        Ok(Vec::new())
+    }
 }
 
+/// A socket of the recording kernel, opened in `netns`.
+struct RecordingRdmaSocket<'a> {
+    kernel: &'a mut RecordingRdma,
+    netns: (u64, u64),
+}
+
+impl RdmaSocket for RecordingRdmaSocket<'_> {
+    fn request(&mut self, msg: &crate::netlink::MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
+        let thread_netns = Netns::current().map_err(NlError::Socket)?.id();
+        let mut device_netns = None;
+        let r = self
+            .kernel
+            .answer(msg, self.netns, thread_netns, &mut device_netns);
+        self.kernel.sent.push(Sent::of(msg));
+        self.kernel.calls.push(RdmaCall {
+            sent: Sent::of(msg),
+            socket_netns: self.netns,
+            thread_netns,
+            device_netns,
+            errno: r.as_ref().err().copied(),
+        });
+        r.map_err(NlError::Kernel)
+    }
+}
+
+impl RdmaSockets for RecordingRdma {
+    fn open(&mut self) -> Result<Box<dyn RdmaSocket + '_>, NlError> {
+        if let Err(e) = &self.mode {
+            return Err(NlError::Socket(std::io::Error::other(e.clone())));
+        }
+        let netns = Netns::current().map_err(NlError::Socket)?.id();
+        Ok(Box::new(RecordingRdmaSocket {
+            kernel: self,
+            netns,
+        }))
+    }
+}
+
+/// The real request logic over the recording kernel.
 impl RdmaControl for RecordingRdma {
     fn netns_mode(&mut self) -> Result<RdmaNetnsMode, RdmaError> {
-        self.sent.push(Sent::of(&rmsgs::sys_get()));
-        self.mode.clone().map_err(|e| RdmaError::Unavailable {
-            netns: "(recording)".into(),
-            source: crate::netlink::NlError::Socket(std::io::Error::other(e)),
-        })
+        NetlinkRdma::with_sockets(None, self).netns_mode()
     }
 
     fn present(&mut self, ns: &Netns, device: &str) -> Result<bool, RdmaError> {
-        self.sent.push(Sent::of(&rmsgs::dump_devices()));
-        Ok(self.devices.get(device).is_some_and(|d| d.1 == ns.id()))
+        NetlinkRdma::with_sockets(None, self).present(ns, device)
     }
 
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError> {
-        self.sent.push(Sent::of(&rmsgs::dump_devices()));
-        let Some(d) = self.devices.get_mut(device) else {
-            return Ok(Moved::NotFound);
-        };
-        if d.1 != from.id() {
-            return Ok(Moved::NotFound);
-        }
-        let fd = u32::try_from(to.fd().as_raw_fd()).unwrap_or_default();
-        self.sent.push(Sent::of(&rmsgs::set_netns(d.0, fd)));
-        d.1 = to.id();
-        Ok(Moved::Yes)
+        NetlinkRdma::with_sockets(None, self).move_device(device, from, to)
     }
 }
