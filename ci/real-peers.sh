@@ -12,6 +12,12 @@
 set -euo pipefail
 
 CONTAINERD_VERSION=2.1.9+ds1-5
+GO_VERSION=1.27.3-1
+LIBCNI_VERSION=1.3.0-2
+ETCD_VERSION=3.5.30-2
+# The apiextensions-apiserver's sources: this package plus the pinned
+# golang-*-dev closure in ci/apiextensions-packages.txt.
+APIEXTENSIONS_VERSION=0.36.4-1
 
 cache=${1:-${KROCE_PEERS_DIR:-/var/cache/kroce-peers}}
 mkdir -p "$cache"
@@ -40,19 +46,72 @@ apt_unstable() {
   apt-get "${apt_opts[@]}" "$@"
 }
 
-# unpack PACKAGE VERSION DEST: downloads the exact version and dpkg -x's it.
+# unpack DEST PACKAGE=VERSION...: downloads the exact versions and dpkg -x's
+# them all into DEST (once: DEST/.complete marks a finished unpack).
 unpack() {
-  local pkg=$1 version=$2 dest=$3
+  local dest=$1
+  shift
   [ -f "$dest/.complete" ] && return 0
   rm -rf "$dest.tmp" && mkdir -p "$dest.tmp/debs"
-  (cd "$dest.tmp/debs" && apt_unstable download -qq "$pkg=$version" >&2)
-  dpkg -x "$dest.tmp/debs/"*.deb "$dest.tmp"
+  (cd "$dest.tmp/debs" && apt_unstable download -qq "$@" >&2)
+  # apt-get download has been seen to exit 0 having fetched nothing.
+  local got
+  got=$(find "$dest.tmp/debs" -name '*.deb' | wc -l)
+  if [ "$got" != $# ]; then
+    echo "real-peers: asked for $# packages for $dest, got $got .deb files" >&2
+    return 1
+  fi
+  for deb in "$dest.tmp/debs/"*.deb; do
+    dpkg -x "$deb" "$dest.tmp"
+  done
   rm -rf "$dest.tmp/debs" "$dest"
   mv "$dest.tmp" "$dest"
   touch "$dest/.complete"
 }
 
-unpack containerd "$CONTAINERD_VERSION" "$cache/containerd-$CONTAINERD_VERSION"
+unpack "$cache/containerd-$CONTAINERD_VERSION" "containerd=$CONTAINERD_VERSION"
 "$cache/containerd-$CONTAINERD_VERSION/usr/bin/containerd" --version >&2
 
+# Go (runs on bookworm's glibc) and libcni's source, for the test tree's
+# small Go drivers, built in GOPATH mode (no module proxy here).
+unpack "$cache/go-$GO_VERSION" "golang-1.27-go=$GO_VERSION" "golang-1.27-src=$GO_VERSION"
+unpack "$cache/libcni-$LIBCNI_VERSION" "golang-github-appc-cni-dev=$LIBCNI_VERSION"
+
+# etcd and k8s.io/apiextensions-apiserver, the real CRD server the
+# operator's API code is tested against (operator/tests/real_crd_server.rs).
+unpack "$cache/etcd-$ETCD_VERSION" "etcd-server=$ETCD_VERSION"
+"$cache/etcd-$ETCD_VERSION/usr/bin/etcd" --version >&2
+
+# Keyed by version and by the pinned package list, so editing the list
+# rebuilds. GOPATH mode (no module proxy here); nojsonv2: Go 1.27's default
+# jsonv2 makes Kubernetes-era servers serve broken OpenAPI documents.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+ae_list=$repo/ci/apiextensions-packages.txt
+ae_key=$APIEXTENSIONS_VERSION-$(grep -v '^#' "$ae_list" | sha256sum | cut -c1-12)
+ae_src=$cache/apiextensions-src-$ae_key
+ae_bin=$cache/apiextensions-apiserver-$ae_key/apiextensions-apiserver
+if [ ! -x "$ae_bin" ]; then
+  mapfile -t ae_pkgs < <(grep -v '^#' "$ae_list" | grep .)
+  start=$(date +%s)
+  unpack "$ae_src" "${ae_pkgs[@]}"
+  echo "apiextensions-apiserver sources: $(($(date +%s) - start)) s" >&2
+  start=$(date +%s)
+  gocache=$(mktemp -d)
+  mkdir -p "$(dirname "$ae_bin")"
+  # nice: CI machines are shared with other builds.
+  (cd "$ae_src" &&
+    env GOROOT="$cache/go-$GO_VERSION/usr/lib/go-1.27" GO111MODULE=off \
+      GOPATH="$ae_src/usr/share/gocode" GOFLAGS= GOEXPERIMENT=nojsonv2 \
+      GOTOOLCHAIN=local GOPROXY=off GOCACHE="$gocache" \
+      nice "$cache/go-$GO_VERSION/usr/lib/go-1.27/bin/go" build \
+      -o "$ae_bin.tmp" k8s.io/apiextensions-apiserver >&2)
+  rm -rf "$gocache"
+  mv "$ae_bin.tmp" "$ae_bin"
+  echo "apiextensions-apiserver build: $(($(date +%s) - start)) s" >&2
+fi
+
 echo "KROCE_CONTAINERD_BIN=$cache/containerd-$CONTAINERD_VERSION/usr/bin"
+echo "KROCE_GOROOT=$cache/go-$GO_VERSION/usr/lib/go-1.27"
+echo "KROCE_LIBCNI_GOPATH=$cache/libcni-$LIBCNI_VERSION/usr/share/gocode"
+echo "KROCE_ETCD=$cache/etcd-$ETCD_VERSION/usr/bin/etcd"
+echo "KROCE_APIEXTENSIONS=$ae_bin"
