@@ -533,14 +533,18 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         Some(v) => Some(CniResult::parse(v).map_err(|e| invalid("prevResult", &Value::Null, e))?),
     };
 
-    let valid_attachments = match top
+    // Not through `top.get`: here a present `null` differs from an absent
+    // key. libcni >= 1.2 sends `null` when no attachment is valid, which
+    // means "none valid", an empty list; only an absent key is refused by GC.
+    let valid_attachments = match obj
         .get("cni.dev/valid-attachments")
         .map(|v| ("cni.dev/valid-attachments", v))
         .or_else(|| {
-            top.get("cni.dev/attachments")
+            obj.get("cni.dev/attachments")
                 .map(|v| ("cni.dev/attachments", v))
         }) {
         None => None,
+        Some((_, Value::Null)) => Some(Vec::new()),
         Some((key, Value::Array(items))) => {
             let mut out = Vec::new();
             for (i, item) in items.iter().enumerate() {
@@ -849,5 +853,15 @@ mod tests {
         let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
         assert!(n.ipam.is_none());
         assert_eq!(n.valid_attachments.unwrap()[0].ifname, "net1");
+        // A present null is an empty list (libcni >= 1.2 with nothing
+        // valid); an absent key is no list.
+        c["cni.dev/valid-attachments"] = Value::Null;
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert_eq!(n.valid_attachments, Some(vec![]));
+        c.as_object_mut()
+            .unwrap()
+            .remove("cni.dev/valid-attachments");
+        let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
+        assert_eq!(n.valid_attachments, None);
     }
 }

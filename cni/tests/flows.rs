@@ -680,6 +680,50 @@ fn gc_releases_attachments_not_listed() {
     assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
 }
 
+/// libcni >= 1.2 sends `"cni.dev/valid-attachments": null` when no
+/// attachment is valid: that is an empty list (everything of this network
+/// goes), while an absent key still refuses.
+#[test]
+fn gc_with_null_valid_attachments_releases_everything() {
+    if skip_without_netns("gc_with_null_valid_attachments_releases_everything") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let before = bed.host.links().unwrap();
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let cfg = bed.config(json!({"rdma": false, "memlock": "1Gi", "vlan": 12}));
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "a", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(bed.leases().len(), 1);
+    assert!(bed.state.path().join("memlock/a.json").exists());
+
+    let mut gc_cfg = bed.config(json!({"cniVersion": "1.1.0", "rdma": false}));
+    let mut env_gc = std::collections::HashMap::new();
+    env_gc.insert("CNI_COMMAND".to_string(), "GC".to_string());
+    env_gc.insert("CNI_PATH".to_string(), "/usr/lib/cni".to_string());
+    let e = bed.call(&mut kit, &Faults::none(), &env_gc, &gc_cfg).err();
+    assert_eq!(e.code, code::INVALID_CONFIG, "absent key: {e}");
+    assert!(
+        bed.pod.link("net1").is_some(),
+        "a refused GC touches nothing"
+    );
+    gc_cfg["cni.dev/valid-attachments"] = Value::Null;
+    let r = bed.call(&mut kit, &Faults::none(), &env_gc, &gc_cfg);
+    assert!(r.result.is_ok(), "null is an empty list: {:?}", r.result);
+
+    assert!(bed.pod.link("net1").is_none(), "a is stale and released");
+    assert_eq!(bed.host.links().unwrap(), before);
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+    assert!(bed.leases().is_empty(), "{:?}", bed.leases());
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
 #[test]
 fn altname_that_collides_in_the_pod_does_not_break_add() {
     if skip_without_netns("altname_that_collides_in_the_pod_does_not_break_add") {
