@@ -101,9 +101,12 @@ async fn use_conflist(rig: &Rig, cri: &mut Cri, text: &str) {
             .await
             .unwrap()
             .into_inner();
-        let loaded = st.info.values().any(|v| v.contains(&rig.vf_pci.to_string()) && {
-            let wants_memlock = text.contains("memlock");
-            v.contains("memlock") == wants_memlock
+        // The verbose info carries the loaded conflist (quotes escaped).
+        let marker = |v: &str, key: &str| v.contains(key) == text.contains(key);
+        let loaded = st.info.values().any(|v| {
+            v.contains(&rig.vf_pci.to_string())
+                && marker(v, "memlock")
+                && marker(v, "no-such-ipam")
         });
         if loaded {
             return;
@@ -115,6 +118,22 @@ async fn use_conflist(rig: &Rig, cri: &mut Cri, text: &str) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// containerd's NetworkReady condition, which follows the CNI STATUS of the
+/// loaded network (CNI 1.1.0).
+async fn network_ready(cri: &mut Cri) -> cri::RuntimeCondition {
+    let st = cri
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    st.status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.r#type == "NetworkReady")
+        .expect("NetworkReady condition")
 }
 
 fn sandbox_config(name: &str, logs: &Path) -> cri::PodSandboxConfig {
@@ -458,19 +477,23 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     let mut cri = rig.ctd.cri().await.unwrap();
 
     // 1. A pod whose network asks for 4 MiB of locked memory.
+    // 0. A broken IPAM shows in NetworkReady (kroce-cni STATUS, code 50).
+    let mut broken: Value = serde_json::from_str(&conflist(&rig, None)).unwrap();
+    broken["plugins"][0]["ipam"]["type"] = json!("no-such-ipam");
+    use_conflist(&rig, &mut cri, &broken.to_string()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ready = network_ready(&mut cri).await;
+    while ready.status && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ready = network_ready(&mut cri).await;
+    }
+    assert!(
+        !ready.status && ready.message.contains("no-such-ipam"),
+        "NetworkReady must be false naming the missing IPAM plugin: {ready:?}"
+    );
+
     use_conflist(&rig, &mut cri, &conflist(&rig, Some("4Mi"))).await;
-    let st = cri
-        .status(cri::StatusRequest { verbose: false })
-        .await
-        .unwrap()
-        .into_inner();
-    let network_ready = st
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.r#type == "NetworkReady")
-        .expect("NetworkReady condition");
+    let network_ready = network_ready(&mut cri).await;
     assert!(network_ready.status, "NetworkReady false: {network_ready:?}");
 
     let pod = run_pod(&rig, &mut cri, "p1").await;
