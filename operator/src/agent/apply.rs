@@ -2,7 +2,7 @@
 //! MTU, IRQs, QoS, each only where the host differs from the spec (so the
 //! same pass is the first apply and the drift repair), then the report.
 
-use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, Dcb, DcbApp};
+use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, Dcb, DcbApp, DcbError};
 use super::holders::VfHolders;
 use super::host_files::{ensure_value, irqbalance_running, read_trimmed};
 use super::links::LinkControl;
@@ -449,6 +449,15 @@ impl Agent<'_> {
             pass.error("QosFailed", format!("PF {pf} has no netdev for DCB"));
             return;
         };
+        // A driver's refusal is its own reason, so `kubectl get` tells it
+        // from an unreachable netlink; the message names the PF.
+        let dcb_failed = |pass: &mut Pass, e: DcbError| {
+            let reason = match e {
+                DcbError::Refused { .. } => "DcbRefused",
+                _ => "QosFailed",
+            };
+            pass.error(reason, format!("PF {pf}: {e}"));
+        };
         // DCB: host-managed IEEE DCBX, PFC on the one priority, trust.
         match self.dcb.get(&ifname) {
             Ok(state) => {
@@ -456,7 +465,7 @@ impl Agent<'_> {
                 if state.dcbx != Some(want_dcbx) {
                     match self.dcb.set_dcbx(&ifname, want_dcbx) {
                         Ok(()) => pass.changes.push(format!("{ifname}: DCBX host/IEEE")),
-                        Err(e) => pass.error("QosFailed", e.to_string()),
+                        Err(e) => dcb_failed(pass, e),
                     }
                 }
                 let mut pfc = state.pfc.unwrap_or_default();
@@ -468,7 +477,7 @@ impl Agent<'_> {
                             "{ifname}: PFC {old:08b} -> {:08b}",
                             plan.pfc_enabled
                         )),
-                        Err(e) => pass.error("QosFailed", e.to_string()),
+                        Err(e) => dcb_failed(pass, e),
                     }
                 }
                 let have = state.dscp_apps();
@@ -485,7 +494,7 @@ impl Agent<'_> {
                                     "{ifname}: trust dscp ({} DSCP mappings)",
                                     missing.len()
                                 )),
-                                Err(e) => pass.error("QosFailed", e.to_string()),
+                                Err(e) => dcb_failed(pass, e),
                             }
                         }
                     }
@@ -493,13 +502,13 @@ impl Agent<'_> {
                         if !have.is_empty() {
                             match self.dcb.del_apps(&ifname, &have) {
                                 Ok(()) => pass.changes.push(format!("{ifname}: trust pcp")),
-                                Err(e) => pass.error("QosFailed", e.to_string()),
+                                Err(e) => dcb_failed(pass, e),
                             }
                         }
                     }
                 }
             }
-            Err(e) => pass.error("QosFailed", e.to_string()),
+            Err(e) => dcb_failed(pass, e),
         }
         // ECN on the priority, reaction and notification points.
         if let Some(p) = plan.ecn_priority {

@@ -644,3 +644,88 @@ fn soft_devices_are_checked_not_created() {
     );
     assert!(rig.kernel.writes().is_empty());
 }
+
+/// A kernel with an mlx5 that refuses PFC: the GET answers, `IEEE_SET`
+/// with a PFC attribute comes back ACK 0 with -EINVAL in band (what
+/// `dcbnl_ieee_set` does with the driver's error), everything else 0.
+#[derive(Debug, Default)]
+struct PfcRefusingKernel {
+    sent: Vec<Vec<u8>>,
+}
+
+impl super::dcb::NetlinkTransport for PfcRefusingKernel {
+    fn request(&mut self, msg: &[u8]) -> std::io::Result<Vec<Vec<u8>>> {
+        use super::dcb::{RTM_GETDCB, RTM_SETDCB, cmd, encode};
+        self.sent.push(msg.to_vec());
+        let seq = u32::from_ne_bytes([msg[8], msg[9], msg[10], msg[11]]);
+        let command = msg[17];
+        let attr = |kind: u16, payload: &[u8]| {
+            let mut a = Vec::new();
+            a.extend(((4 + payload.len()) as u16).to_ne_bytes());
+            a.extend(kind.to_ne_bytes());
+            a.extend(payload);
+            a.resize(a.len().div_ceil(4) * 4, 0);
+            a
+        };
+        if command == cmd::IEEE_GET {
+            let pfc = super::dcb::IeeePfc {
+                pfc_cap: 8,
+                ..Default::default()
+            };
+            let mut a = attr(13, &attr(2, &pfc.to_bytes()));
+            a.extend(attr(14, &[DCB_CAP_DCBX_HOST | DCB_CAP_DCBX_VER_IEEE]));
+            return Ok(vec![encode(RTM_GETDCB, command, seq, &a)]);
+        }
+        // DCB_ATTR_IEEE_PFC (2) inside the DCB_ATTR_IEEE nest at byte 32.
+        let is_pfc = msg.len() > 40 && msg[38] == 2;
+        let status = if command == cmd::IEEE_SET && is_pfc {
+            (-libc::EINVAL) as u8
+        } else {
+            0
+        };
+        let kind = if command == cmd::SDCBX { 14 } else { 13 };
+        Ok(vec![encode(
+            RTM_SETDCB,
+            command,
+            seq,
+            &attr(kind, &[status]),
+        )])
+    }
+}
+
+/// PFC refused by the driver is not "applied": the pass fails and the node
+/// state's conditions say which PF refused what; the DSCP trust that the
+/// driver took is still applied.
+#[test]
+fn a_driver_refusing_pfc_fails_the_pass_and_names_the_pf() {
+    let rig = Rig::new();
+    let dcb = super::dcb::NetlinkDcb::new(PfcRefusingKernel::default());
+    let agent = Agent {
+        config: &rig.config,
+        vfs: &*rig.kernel,
+        links: &*rig.links,
+        dcb: &dcb,
+    };
+    let o = agent.apply(&spec(), &[], &PodSnapshot::default());
+    assert_eq!(o.status.sync_state, SyncState::Failed, "{:#?}", o.status);
+    let d = condition(&o, "Degraded");
+    assert!(d.is_true());
+    assert_eq!(d.reason, "DcbRefused");
+    assert!(
+        d.message.contains(PF0)
+            && d.message.contains("PFC")
+            && d.message.contains("Invalid argument"),
+        "{}",
+        d.message
+    );
+    assert!(
+        !o.changes.iter().any(|c| c.contains("PFC")),
+        "{:?}",
+        o.changes
+    );
+    assert!(
+        o.changes.iter().any(|c| c.contains("trust dscp")),
+        "{:?}",
+        o.changes
+    );
+}
