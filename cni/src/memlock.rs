@@ -80,7 +80,7 @@ impl MemlockDir {
         let _lock = self.lock()?;
         let mut attachments = self
             .read(container_id)?
-            .map(|f| f.attachments)
+            .map(SandboxMemlock::into_attachments)
             .unwrap_or_default();
         attachments.insert(
             ifname.to_string(),
@@ -105,11 +105,12 @@ impl MemlockDir {
         let Some(current) = self.read(container_id)? else {
             return Ok(());
         };
-        let mut attachments = current.attachments;
+        let netns = current.netns.clone();
+        let mut attachments = current.into_attachments();
         if attachments.remove(ifname).is_none() {
             return Ok(());
         }
-        match SandboxMemlock::from_attachments(container_id, &current.netns, attachments) {
+        match SandboxMemlock::from_attachments(container_id, &netns, attachments) {
             Some(f) => self.write(&f),
             None => remove_if_present(&self.file(container_id)?),
         }
@@ -289,5 +290,17 @@ Max locked memory         8388608              unlimited            bytes     \n
         assert!(!m.file("c1").unwrap().exists());
         m.forget("c1", "net3").unwrap();
         m.forget("never", "net1").unwrap();
+        // A file from a kroce-cni that kept one attachment per sandbox.
+        std::fs::write(
+            m.file("old").unwrap(),
+            r#"{"version":1,"containerID":"old","netns":"/n","ifname":"net1","memlock":1,"network":"a"}"#,
+        )
+        .unwrap();
+        m.record("old", "/n", "net2", "b", Memlock::Bytes(2))
+            .unwrap();
+        assert_eq!(m.read("old").unwrap().unwrap().attachments.len(), 2);
+        m.forget("old", "net2").unwrap();
+        m.forget("old", "net1").unwrap();
+        assert!(!m.file("old").unwrap().exists());
     }
 }

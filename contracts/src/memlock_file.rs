@@ -50,7 +50,10 @@ pub struct SandboxMemlock {
     pub ifname: String,
     pub memlock: Memlock,
     pub network: String,
-    /// Every attachment's request, by ifname.
+    /// Every attachment's request, by ifname. Absent in files of kroce-cni
+    /// versions that kept one attachment per sandbox (still version 1): the
+    /// top level is then the only request.
+    #[serde(default)]
     pub attachments: BTreeMap<String, AttachmentMemlock>,
 }
 
@@ -81,6 +84,24 @@ impl SandboxMemlock {
             network: top.network.clone(),
             attachments: attachments.clone(),
         })
+    }
+}
+
+impl SandboxMemlock {
+    /// Every attachment's request; for a file without `attachments`, its
+    /// top-level one.
+    pub fn into_attachments(self) -> BTreeMap<String, AttachmentMemlock> {
+        if self.attachments.is_empty() {
+            BTreeMap::from([(
+                self.ifname,
+                AttachmentMemlock {
+                    memlock: self.memlock,
+                    network: self.network,
+                },
+            )])
+        } else {
+            self.attachments
+        }
     }
 }
 
@@ -178,6 +199,13 @@ mod tests {
         )
         .expect("parse");
         assert_eq!(f.memlock, Memlock::Bytes(4096));
+        let old: SandboxMemlock = serde_json::from_str(
+            r#"{"version":1,"containerID":"c","netns":"/n","ifname":"net1","memlock":1,"network":"a"}"#,
+        )
+        .expect("without attachments");
+        assert!(old.attachments.is_empty());
+        let all = old.into_attachments();
+        assert_eq!(all["net1"], att(Memlock::Bytes(1), "a"));
     }
 
     #[test]

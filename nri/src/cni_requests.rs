@@ -1,29 +1,25 @@
 //! The per-sandbox memlock requests kroce-cni records:
-//! `<state-dir>/memlock/<sandboxID>.json`, content
-//! `{"version":1,"containerID":"<sandbox id>","netns":"…","ifname":"…","memlock":"unlimited"|<u64>,"network":"…"}`.
+//! `<state-dir>/memlock/<sandboxID>.json`. The file's shape, version, name
+//! and the sandbox-ID rule are [`kroce_contracts::memlock_file`]'s, shared
+//! with the writer; reading it is here.
 //!
-//! Parsed tolerantly: unknown fields are ignored; a missing file is "no
-//! request"; a bad file is an error the caller logs and skips.
+//! Unknown fields are ignored; a missing file is "no request"; a bad file
+//! is an error the caller logs and skips.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use kroce_contracts::memlock_file::{self, SandboxMemlock};
 
 use crate::memlock::Memlock;
 
-/// kroce-cni's default state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/kroce";
-/// Subdirectory of the state dir holding the memlock request files.
-pub const MEMLOCK_DIR: &str = "memlock";
-/// The only file format version this reader understands.
-pub const FILE_VERSION: u64 = 1;
+pub use kroce_contracts::memlock_file::{DEFAULT_STATE_DIR, FILE_VERSION, MEMLOCK_DIR};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
-    #[error("sandbox id {id:?} is not usable as a file name")]
-    BadSandboxId { id: String },
+    #[error(transparent)]
+    BadSandboxId(#[from] memlock_file::SandboxIdError),
     #[error("{path}: {source}")]
     Read { path: PathBuf, source: io::Error },
     #[error("{path}: not JSON of the expected shape: {source}")]
@@ -32,7 +28,7 @@ pub enum RequestError {
         source: serde_json::Error,
     },
     #[error("{path}: version {version} is not supported (expected {FILE_VERSION})")]
-    Version { path: PathBuf, version: u64 },
+    Version { path: PathBuf, version: String },
     #[error("{path}: containerID {found:?} does not match sandbox {expected:?}")]
     WrongSandbox {
         path: PathBuf,
@@ -41,8 +37,11 @@ pub enum RequestError {
     },
     #[error("{path}: field \"memlock\" is missing")]
     MissingMemlock { path: PathBuf },
-    #[error("{path}: field \"memlock\": {detail}")]
-    BadMemlock { path: PathBuf, detail: String },
+    #[error("{path}: field \"memlock\": {source}")]
+    BadMemlock {
+        path: PathBuf,
+        source: kroce_contracts::MemlockError,
+    },
 }
 
 /// Looks up the memlock request recorded for a sandbox.
@@ -68,11 +67,7 @@ impl StateDir {
 
     /// `<root>/memlock/<sandbox_id>.json`, refusing IDs that could leave the directory.
     pub fn request_path(&self, sandbox_id: &str) -> Result<PathBuf, RequestError> {
-        check_sandbox_id(sandbox_id)?;
-        Ok(self
-            .root
-            .join(MEMLOCK_DIR)
-            .join(format!("{sandbox_id}.json")))
+        Ok(memlock_file::path(&self.root, sandbox_id)?)
     }
 }
 
@@ -80,7 +75,7 @@ impl MemlockRequests for StateDir {
     fn lookup(&self, sandbox_id: &str) -> Result<Option<Memlock>, RequestError> {
         let path = self.request_path(sandbox_id)?;
         match std::fs::read(&path) {
-            Ok(bytes) => parse_request(&bytes, sandbox_id, &path).map(Some),
+            Ok(bytes) => parse_request(&bytes, sandbox_id, &path).map(|f| Some(f.memlock)),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(RequestError::Read { path, source }),
         }
@@ -94,71 +89,47 @@ impl MemlockRequests for BTreeMap<String, Memlock> {
     }
 }
 
-/// Container runtimes use hex IDs; allow a little more, never a path.
-fn check_sandbox_id(id: &str) -> Result<(), RequestError> {
-    let ok = !id.is_empty()
-        && id.len() <= 255
-        && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(RequestError::BadSandboxId { id: id.to_owned() })
-    }
-}
-
-#[derive(Deserialize)]
-struct RequestFile {
-    version: Option<u64>,
-    #[serde(rename = "containerID")]
-    container_id: Option<String>,
-    memlock: Option<serde_json::Value>,
-}
-
-/// Parses one request file's bytes. `path` is only used in errors.
-pub fn parse_request(bytes: &[u8], sandbox_id: &str, path: &Path) -> Result<Memlock, RequestError> {
-    let file: RequestFile = serde_json::from_slice(bytes).map_err(|source| RequestError::Json {
+/// Parses one request file's bytes. `path` is only used in errors. The
+/// version, the sandbox and the memlock are checked one by one first, so
+/// each error names its field; then the whole file must have the shared
+/// shape.
+pub fn parse_request(
+    bytes: &[u8],
+    sandbox_id: &str,
+    path: &Path,
+) -> Result<SandboxMemlock, RequestError> {
+    let json = |source| RequestError::Json {
         path: path.to_owned(),
         source,
-    })?;
-    if let Some(version) = file.version
-        && version != FILE_VERSION
+    };
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(json)?;
+    if let Some(version) = value.get("version")
+        && version.as_u64() != Some(u64::from(FILE_VERSION))
     {
         return Err(RequestError::Version {
             path: path.to_owned(),
-            version,
+            version: version.to_string(),
         });
     }
-    if let Some(found) = file.container_id
-        && !found.is_empty()
+    if let Some(found) = value.get("containerID").and_then(|v| v.as_str())
         && found != sandbox_id
     {
         return Err(RequestError::WrongSandbox {
             path: path.to_owned(),
-            found,
+            found: found.to_owned(),
             expected: sandbox_id.to_owned(),
         });
     }
-    let value = file.memlock.ok_or_else(|| RequestError::MissingMemlock {
+    let memlock = value
+        .get("memlock")
+        .ok_or_else(|| RequestError::MissingMemlock {
+            path: path.to_owned(),
+        })?;
+    Memlock::from_json(memlock).map_err(|source| RequestError::BadMemlock {
         path: path.to_owned(),
+        source,
     })?;
-    let bad = |detail: String| RequestError::BadMemlock {
-        path: path.to_owned(),
-        detail,
-    };
-    match value {
-        serde_json::Value::Number(n) => n
-            .as_u64()
-            .map(Memlock::from_rlimit)
-            .ok_or_else(|| bad(format!("{n} is not a byte count (0..=u64::MAX)"))),
-        // A decimal string is tolerated as well as the documented number.
-        serde_json::Value::String(s) => s.parse::<Memlock>().map_err(|e| bad(e.to_string())),
-        other => Err(bad(format!(
-            "{other} is neither \"unlimited\" nor a number"
-        ))),
-    }
+    serde_json::from_value(value).map_err(json)
 }
 
 #[cfg(test)]
@@ -173,18 +144,21 @@ mod tests {
             SB,
             Path::new("/x/memlock/4f1c0a9e8b7d.json"),
         )
+        .map(|f| f.memlock)
+    }
+
+    /// A whole v1 file with `memlock` as given (raw JSON).
+    fn file(memlock: &str) -> String {
+        format!(
+            r#"{{"version":1,"containerID":"{SB}","netns":"/var/run/netns/cni-1","ifname":"net1","memlock":{memlock},"network":"rdma-a",
+                "attachments":{{"net1":{{"memlock":{memlock},"network":"rdma-a"}}}}}}"#
+        )
     }
 
     #[test]
     fn documented_shapes() {
-        let full = format!(
-            r#"{{"version":1,"containerID":"{SB}","netns":"/var/run/netns/cni-1","ifname":"net1","memlock":"unlimited","network":"rdma-a"}}"#
-        );
-        assert_eq!(parse(&full).unwrap(), Memlock::Unlimited);
-        assert_eq!(
-            parse(r#"{"version":1,"memlock":1073741824}"#).unwrap(),
-            Memlock::Bytes(1 << 30)
-        );
+        assert_eq!(parse(&file(r#""unlimited""#)).unwrap(), Memlock::Unlimited);
+        assert_eq!(parse(&file("1073741824")).unwrap(), Memlock::Bytes(1 << 30));
         // kroce-cni keeps every attachment of the sandbox under `attachments`;
         // the top-level memlock is the largest request, which is what we apply.
         let with_attachments = format!(
@@ -195,27 +169,34 @@ mod tests {
     }
 
     #[test]
-    fn tolerant_of_unknown_fields_missing_version_and_numeric_strings() {
-        assert_eq!(
-            parse(r#"{"memlock":"4096","future":{"x":[1,2]}}"#).unwrap(),
-            Memlock::Bytes(4096)
-        );
+    fn unknown_fields_and_the_one_grammar_in_strings() {
+        let f = file(r#""64Gi""#).replacen('{', r#"{"future":{"x":[1,2]},"#, 1);
+        assert_eq!(parse(&f).unwrap(), Memlock::Bytes(64 << 30));
     }
 
     #[test]
     fn bad_files_name_path_and_field() {
         let cases = [
-            ("not json", "not JSON"),
-            (r#"{"version":2,"memlock":1}"#, "version 2"),
-            (r#"{"version":1}"#, "\"memlock\" is missing"),
-            (r#"{"memlock":-5}"#, "-5 is not a byte count"),
-            (r#"{"memlock":1.5}"#, "1.5 is not a byte count"),
-            (r#"{"memlock":"lots"}"#, "\"lots\""),
-            (r#"{"memlock":true}"#, "neither"),
-            (r#"{"containerID":"other","memlock":1}"#, "does not match"),
+            ("not json".to_string(), "not JSON"),
+            (
+                file("1").replace(r#""version":1"#, r#""version":2"#),
+                "version 2",
+            ),
+            (r#"{"version":1}"#.to_string(), "\"memlock\" is missing"),
+            (file("-5"), "\"memlock\": -5 is not a whole number"),
+            (file("0"), "\"memlock\": \"0\" is zero"),
+            (file("1.5"), "\"memlock\": 1.5 is not a whole number"),
+            (file(r#""lots""#), "\"memlock\": \"lots\""),
+            (file(r#""64g""#), "\"memlock\": \"64g\" has unknown unit"),
+            (file("true"), "\"memlock\": \"true\""),
+            (file("1").replace(SB, "other"), "does not match"),
+            (
+                file("1").replace(r#","network":"rdma-a""#, ""),
+                "missing field",
+            ),
         ];
         for (json, needle) in cases {
-            let err = parse(json).unwrap_err().to_string();
+            let err = parse(&json).unwrap_err().to_string();
             assert!(
                 err.contains("/x/memlock/4f1c0a9e8b7d.json"),
                 "{json}: {err}"
@@ -232,7 +213,7 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("memlock")).unwrap();
         std::fs::write(
             dir.path().join("memlock").join(format!("{SB}.json")),
-            format!(r#"{{"version":1,"containerID":"{SB}","memlock":268435456}}"#),
+            file("268435456"),
         )
         .unwrap();
         assert_eq!(state.lookup(SB).unwrap(), Some(Memlock::Bytes(256 << 20)));
@@ -241,7 +222,7 @@ mod tests {
 
     #[test]
     fn sandbox_ids_never_become_paths_outside_the_dir() {
-        let state = StateDir::new("/var/lib/cni/kroce");
+        let state = StateDir::new(DEFAULT_STATE_DIR);
         for bad in ["", "../etc/passwd", "a/b", ".hidden", "..", "a\0b"] {
             assert!(
                 matches!(state.lookup(bad), Err(RequestError::BadSandboxId { .. })),
