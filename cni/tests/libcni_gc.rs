@@ -15,7 +15,14 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_kroce-cni");
+/// The plugin under test: `KROCE_BIN_DIR/kroce-cni` when set (CI points it
+/// at the shipped release build), else this package's build.
+fn plugin_bin() -> PathBuf {
+    std::env::var_os("KROCE_BIN_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_kroce-cni")),
+        |d| PathBuf::from(d).join("kroce-cni"),
+    )
+}
 
 /// Builds the driver with the cached Go and libcni; `Err` says what is missing.
 fn build_driver(out_dir: &Path) -> Result<PathBuf, String> {
@@ -61,13 +68,14 @@ fn real_libcni_gc_with_no_valid_attachment_releases_stale_ones() {
             return;
         }
     };
+    let bin = plugin_bin();
     let bed = TestBed::new(1).unwrap();
     // An attachment the runtime's libcni cache does not know (as after a
     // runtime lost its cache): only kroce-cni's GC can release it.
     let cfg = bed.config(json!({"cniVersion": "1.1.0"}));
     let add = bed
         .run_binary(
-            Path::new(BIN),
+            &bin,
             &bed.env("ADD", "stale1", "net1"),
             &serde_json::to_vec(&cfg).unwrap(),
         )
@@ -86,10 +94,7 @@ fn real_libcni_gc_with_no_valid_attachment_releases_stale_ones() {
         json!({"cniVersion": "1.1.0", "name": bed.network, "plugins": [plugin]}).to_string(),
     )
     .unwrap();
-    let bin_dirs = format!(
-        "{}:/usr/lib/cni",
-        Path::new(BIN).parent().unwrap().display()
-    );
+    let bin_dirs = format!("{}:/usr/lib/cni", bin.parent().unwrap().display());
     let cache = scratch.path().join("libcni-cache");
     let gc = run_libcni_gc(&bed, &driver, &conflist, &bin_dirs, &cache, "null");
     assert_eq!(
