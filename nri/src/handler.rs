@@ -6,12 +6,16 @@
 //! and answered with an empty adjustment rather than an error status, which
 //! the runtime would turn into a failed container creation.
 
+use std::sync::{Mutex, MutexGuard};
+
 use prost::Message;
 
 use crate::cni_requests::MemlockRequests;
 use crate::memlock::Memlock;
 use crate::policy::{self, Action, ContainerFacts, Decision};
 use crate::proto::{PLUGIN_SERVICE, api};
+use crate::runtime::{RuntimeLimits, RuntimeLimitsError};
+use crate::status::{self, CappedRequest, NoStatus, STATUS_VERSION, StatusFile, StatusSink};
 use crate::ttrpc::{Reply, code};
 
 /// Event-mask bit of an NRI event: `1 << (event - 1)`.
@@ -71,17 +75,94 @@ impl Handled {
 pub struct Handler<R> {
     default: Memlock,
     requests: R,
+    /// What is known about the runtime of the current connection, and what
+    /// had to be capped; written to `sink` whenever it changes.
+    state: Mutex<StatusFile>,
+    sink: Box<dyn StatusSink>,
 }
 
 impl<R: MemlockRequests> Handler<R> {
-    /// `default` applies to every RDMA container (`--default-memlock`);
-    /// `requests` finds kroce-cni's per-sandbox requests.
+    /// `default` applies to RDMA containers with no explicit request
+    /// (`--default-memlock`); `requests` finds kroce-cni's per-sandbox requests.
     pub fn new(default: Memlock, requests: R) -> Self {
-        Handler { default, requests }
+        Handler {
+            default,
+            requests,
+            state: Mutex::new(StatusFile {
+                version: STATUS_VERSION,
+                ..Default::default()
+            }),
+            sink: Box::new(NoStatus),
+        }
+    }
+
+    /// Keeps the status (runtime limits, capped requests) in `sink`.
+    pub fn with_status(mut self, sink: Box<dyn StatusSink>) -> Self {
+        self.sink = sink;
+        self
     }
 
     pub fn default_memlock(&self) -> Memlock {
         self.default
+    }
+
+    /// The runtime's limits as last observed (`None`: unknown).
+    pub fn runtime_limits(&self) -> Option<RuntimeLimits> {
+        self.state().runtime
+    }
+
+    fn state(&self) -> MutexGuard<'_, StatusFile> {
+        // Nothing can be left half-updated in a plain struct; keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes the status; a failure is logged, never fatal.
+    fn publish(&self, state: &mut StatusFile) {
+        state.updated_at = status::now_unix();
+        if let Err(err) = self.sink.write(state) {
+            tracing::warn!(error = %err, "cannot write the status file; the node agent and doctor will not see the runtime's limits");
+        }
+    }
+
+    /// A new connection: what the runtime at its other end can grant.
+    /// Forgets the previous connection's runtime and capped requests.
+    pub fn runtime_connected(&self, observed: Result<RuntimeLimits, RuntimeLimitsError>) {
+        let mut state = self.state();
+        *state = StatusFile {
+            version: STATUS_VERSION,
+            ..Default::default()
+        };
+        match observed {
+            Ok(limits) => {
+                if limits.can_raise() {
+                    tracing::info!(
+                        runtime_pid = limits.pid,
+                        memlock_hard = %limits.memlock_hard,
+                        "the runtime can raise RLIMIT_MEMLOCK (CAP_SYS_RESOURCE)"
+                    );
+                } else {
+                    let why = if limits.cap_sys_resource {
+                        "it runs in a user namespace"
+                    } else {
+                        "it lacks CAP_SYS_RESOURCE"
+                    };
+                    tracing::warn!(
+                        runtime_pid = limits.pid,
+                        memlock_hard = %limits.memlock_hard,
+                        "the runtime cannot raise RLIMIT_MEMLOCK above its hard limit {} ({why}); larger requests will be capped at it. Raise the runtime's limit (systemd: LimitMEMLOCK=infinity) to grant them",
+                        limits.memlock_hard
+                    );
+                }
+                state.runtime = Some(limits);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the runtime's capabilities and memlock limit; limits are sent as requested");
+                state.runtime_error = Some(err.to_string());
+            }
+        }
+        self.publish(&mut state);
     }
 
     /// Handles one ttrpc request.
@@ -139,6 +220,12 @@ impl<R: MemlockRequests> Handler<R> {
             version = %runtime_version,
             "configured; subscribing to CreateContainer"
         );
+        {
+            let mut state = self.state();
+            state.runtime_name.clone_from(&runtime_name);
+            state.runtime_version.clone_from(&runtime_version);
+            self.publish(&mut state);
+        }
         let response = api::ConfigureResponse {
             events: SUBSCRIBED_EVENTS,
             request_timeout: 0,
@@ -184,11 +271,14 @@ impl<R: MemlockRequests> Handler<R> {
                 }
             }
         };
-        let decision = policy::decide(&facts, cni_request, self.default);
+        let runtime = self.runtime_limits();
+        let decision =
+            policy::decide_for_runtime(&facts, cni_request, self.default, runtime.as_ref());
         for warning in &decision.warnings {
             tracing::warn!(container = %facts.id, "{warning}");
         }
         let name = pod
+            .filter(|p| !p.name.is_empty())
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .unwrap_or_default();
         match decision.action {
@@ -203,6 +293,28 @@ impl<R: MemlockRequests> Handler<R> {
                 evidence = ?decision.evidence,
                 "setting RLIMIT_MEMLOCK"
             ),
+            Action::Capped { requested, granted } => {
+                tracing::warn!(
+                    container = %facts.id,
+                    pod = %name,
+                    container_name = %container.name,
+                    requested = %requested,
+                    granted = %granted,
+                    runtime_pid = runtime.map(|r| r.pid),
+                    evidence = ?decision.evidence,
+                    "RLIMIT_MEMLOCK capped at the runtime's hard limit {granted} (requested {requested}): the runtime cannot raise it"
+                );
+                let mut state = self.state();
+                state.capped_count += 1;
+                state.last_capped = Some(CappedRequest {
+                    container: facts.id.clone(),
+                    pod: name.clone(),
+                    requested,
+                    granted,
+                    at: status::now_unix(),
+                });
+                self.publish(&mut state);
+            }
             Action::AlreadySufficient { existing, wanted } => tracing::info!(
                 container = %facts.id,
                 pod = %name,
@@ -316,6 +428,74 @@ mod tests {
         let adj = resp.adjust.unwrap();
         assert_eq!(adj.rlimits.len(), 1);
         assert_eq!(adj.rlimits[0].hard, 1 << 30);
+    }
+
+    #[test]
+    fn capped_requests_are_logged_and_recorded_in_the_status() {
+        let sink = std::sync::Arc::new(crate::status::MemoryStatus::default());
+        let h = handler().with_status(Box::new(sink.clone()));
+        let limits = RuntimeLimits {
+            pid: 4321,
+            cap_sys_resource: false,
+            initial_user_namespace: true,
+            memlock_soft: Memlock::Bytes(8 << 20),
+            memlock_hard: Memlock::Bytes(8 << 20),
+        };
+        h.runtime_connected(Ok(limits));
+        let written = sink.last().unwrap();
+        assert_eq!(written.runtime, Some(limits));
+        assert_eq!(written.last_capped, None);
+
+        let req = api::CreateContainerRequest {
+            pod: Some(api::PodSandbox {
+                id: "sb".into(),
+                name: "rdma-app".into(),
+                namespace: "default".into(),
+                ..Default::default()
+            }),
+            container: Some(api::Container {
+                id: "ctr-1".into(),
+                pod_sandbox_id: "sb".into(),
+                annotations: [("kroce.io/rdma-devices.rdma_vf".to_owned(), "x".to_owned())].into(),
+                ..Default::default()
+            }),
+        };
+        let adj = h.create_container(&req).adjust.unwrap();
+        assert_eq!(
+            (adj.rlimits[0].soft, adj.rlimits[0].hard),
+            (8 << 20, 8 << 20),
+            "capped at the runtime's hard limit, not unlimited"
+        );
+        let written = sink.last().unwrap();
+        let capped = written.last_capped.unwrap();
+        assert_eq!(
+            (capped.container.as_str(), capped.pod.as_str()),
+            ("ctr-1", "default/rdma-app")
+        );
+        assert_eq!(
+            (capped.requested, capped.granted),
+            (Memlock::Unlimited, Memlock::Bytes(8 << 20))
+        );
+        assert_eq!(written.capped_count, 1);
+
+        // A new connection to a runtime that can raise: nothing capped any more.
+        h.runtime_connected(Ok(RuntimeLimits {
+            cap_sys_resource: true,
+            ..limits
+        }));
+        assert_eq!(sink.last().unwrap().last_capped, None);
+        let adj = h.create_container(&req).adjust.unwrap();
+        assert_eq!(adj.rlimits[0].hard, u64::MAX);
+
+        // Unknown limits: as requested, and the reason kept.
+        h.runtime_connected(Err(RuntimeLimitsError::PidNotVisible));
+        let written = sink.last().unwrap();
+        assert_eq!(written.runtime, None);
+        assert!(written.runtime_error.unwrap().contains("hostPID"));
+        assert_eq!(
+            h.create_container(&req).adjust.unwrap().rlimits[0].hard,
+            u64::MAX
+        );
     }
 
     #[test]

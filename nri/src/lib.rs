@@ -13,6 +13,9 @@
 //! - [`handler`]: answers the runtime's Plugin-service requests (bytes in, bytes out).
 //! - [`session`]: one connection to the runtime, and the reconnect loop.
 //! - [`reachability`]: "is NRI there?", for the node agent's condition and `doctor`.
+//! - [`runtime`]: what the runtime at the socket's other end can grant (its
+//!   capabilities and memlock limit, from `/proc/<peer pid>`).
+//! - [`status`]: the status file kroce-nri keeps for the node agent and `doctor`.
 
 pub mod cni_requests;
 pub mod handler;
@@ -21,7 +24,9 @@ pub mod mux;
 pub mod policy;
 pub mod proto;
 pub mod reachability;
+pub mod runtime;
 pub mod session;
+pub mod status;
 pub mod ttrpc;
 
 #[cfg(any(test, feature = "testing"))]

@@ -9,6 +9,7 @@ use clap::{Parser, ValueEnum};
 use kroce_nri::cni_requests::{DEFAULT_STATE_DIR, StateDir};
 use kroce_nri::handler::Handler;
 use kroce_nri::session::{self, Backoff, PluginState, SessionOptions};
+use kroce_nri::status::StatusPath;
 use kroce_nri::{
     DEFAULT_NRI_SOCKET, DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, Memlock, nri_reachable,
 };
@@ -34,6 +35,17 @@ struct Cli {
     /// instead, larger or smaller.
     #[arg(long, env = "KROCE_DEFAULT_MEMLOCK", default_value = "unlimited")]
     default_memlock: Memlock,
+
+    /// Where kroce-nri keeps its status for the node agent and doctor (the
+    /// runtime's limits, the last capped request) [default: <state-dir>/nri-status.json].
+    #[arg(long, env = "KROCE_NRI_STATUS_FILE")]
+    status_file: Option<PathBuf>,
+
+    /// Where the runtime's /proc/<pid> is read (its capabilities and memlock
+    /// limit). The runtime's pid comes from the socket (SO_PEERCRED), so
+    /// kroce-nri must share the host's PID namespace.
+    #[arg(long, default_value = kroce_nri::runtime::DEFAULT_PROC_ROOT)]
+    proc_root: PathBuf,
 
     /// Name to register with the runtime ([a-zA-Z0-9_.+-]).
     #[arg(long, default_value = DEFAULT_PLUGIN_NAME)]
@@ -108,17 +120,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         &cli.plugin_index,
         Duration::from_secs(cli.registration_timeout),
     )
-    .context("invalid --plugin-name/--plugin-index")?;
+    .context("invalid --plugin-name/--plugin-index")?
+    .with_proc_root(&cli.proc_root);
     let backoff = Backoff {
         initial: Duration::from_millis(500),
         max: Duration::from_secs(cli.max_backoff.max(1)),
     };
-    let handler = Handler::new(cli.default_memlock, StateDir::new(&cli.state_dir));
+    let status_file = cli
+        .status_file
+        .clone()
+        .unwrap_or_else(|| StatusPath::in_state_dir(&cli.state_dir).0);
+    let handler = Handler::new(cli.default_memlock, StateDir::new(&cli.state_dir))
+        .with_status(Box::new(StatusPath(status_file.clone())));
     let (state, _) = tokio::sync::watch::channel(PluginState::Connecting { last_error: None });
 
     tracing::info!(
         socket = %cli.socket.display(),
         state_dir = %cli.state_dir.display(),
+        status_file = %status_file.display(),
+        proc_root = %cli.proc_root.display(),
         default_memlock = %cli.default_memlock,
         name = options.name(),
         index = options.index(),

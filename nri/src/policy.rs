@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use crate::memlock::Memlock;
 use crate::proto::api;
+pub use crate::runtime::RuntimeLimits;
 
 /// Prefix of the annotation listing the kroce RDMA devices allocated to a
 /// container for one resource: `kroce.io/rdma-devices.<res>`, value the
@@ -109,6 +110,14 @@ pub enum Action {
     Set(Memlock),
     /// Its spec already allows at least `wanted`: leave it.
     AlreadySufficient { existing: Rlimit, wanted: Memlock },
+    /// Set soft = hard = `granted`, the runtime's own hard limit, which is
+    /// less than `requested`: the runtime cannot raise a hard limit (no
+    /// `CAP_SYS_RESOURCE` in the initial user namespace), and asking for more
+    /// would make runc fail the container.
+    Capped {
+        requested: Memlock,
+        granted: Memlock,
+    },
 }
 
 /// The decision for one container, with its reasons.
@@ -197,11 +206,49 @@ pub fn decide(
     }
 }
 
+/// [`decide`], then [`fit_to_runtime`]: what kroce-nri answers when it knows
+/// (`Some`) or does not know (`None`) what the runtime can grant.
+pub fn decide_for_runtime(
+    container: &ContainerFacts,
+    cni_request: Option<Memlock>,
+    default: Memlock,
+    runtime: Option<&RuntimeLimits>,
+) -> Decision {
+    let mut decision = decide(container, cni_request, default);
+    decision.action = fit_to_runtime(decision.action, runtime);
+    decision
+}
+
+/// Caps a limit to set at the runtime's hard limit when the runtime cannot
+/// raise it. Unknown runtime limits leave the action as is (as before kroce
+/// read them); so does a runtime that may raise its limits.
+///
+/// A spec limit above the runtime's hard limit is capped too: runc could not
+/// apply it either.
+pub fn fit_to_runtime(action: Action, runtime: Option<&RuntimeLimits>) -> Action {
+    let ceiling = runtime.filter(|r| !r.can_raise()).map(|r| r.memlock_hard);
+    match (action, ceiling) {
+        (Action::Set(requested), Some(hard)) if requested > hard => Action::Capped {
+            requested,
+            granted: hard,
+        },
+        (other, _) => other,
+    }
+}
+
 impl Decision {
-    /// The NRI adjustment for this decision (empty unless `Action::Set`).
+    /// The limit this decision sets, if any.
+    pub fn limit(&self) -> Option<Memlock> {
+        match self.action {
+            Action::Set(limit) | Action::Capped { granted: limit, .. } => Some(limit),
+            Action::Untouched | Action::AlreadySufficient { .. } => None,
+        }
+    }
+
+    /// The NRI adjustment for this decision (empty unless a limit is set).
     pub fn adjustment(&self) -> api::ContainerAdjustment {
         let mut adjust = api::ContainerAdjustment::default();
-        if let Action::Set(limit) = self.action {
+        if let Some(limit) = self.limit() {
             adjust.rlimits.push(api::PosixRlimit {
                 r#type: RLIMIT_MEMLOCK.to_owned(),
                 hard: limit.rlimit_value(),
@@ -378,6 +425,151 @@ mod tests {
         for (what, annotations, cni, default, want) in table {
             let d = decide(&facts(annotations, &[]), *cni, *default);
             assert_eq!(d.action, Action::Set(*want), "{what}");
+        }
+    }
+
+    /// The runtime applies the limit: when it cannot raise its hard limit,
+    /// asking for more makes runc fail the container, so the request is capped
+    /// at the runtime's hard limit (issue 10, item 5).
+    #[test]
+    fn limits_are_capped_at_what_the_runtime_can_set() {
+        let runtime = |cap: bool, initial: bool, hard: Memlock| RuntimeLimits {
+            pid: 1,
+            cap_sys_resource: cap,
+            initial_user_namespace: initial,
+            memlock_soft: Memlock::Bytes(64 * 1024),
+            memlock_hard: hard,
+        };
+        let rdma = facts(&[("kroce.io/rdma-devices.rdma_vf", "x")], &[]);
+        let with_spec = |soft, hard| {
+            let mut c = rdma.clone();
+            c.existing_memlock = Some(Rlimit { soft, hard });
+            c
+        };
+        let plain = facts(&[], &["/dev/fuse"]);
+        let eight = Memlock::Bytes(8 * MIB);
+        // (what, container, request (default), runtime, expected action)
+        type Row<'a> = (
+            &'a str,
+            ContainerFacts,
+            Memlock,
+            Option<RuntimeLimits>,
+            Action,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "no CAP_SYS_RESOURCE, hard 8 MiB, unlimited asked: capped at 8 MiB",
+                rdma.clone(),
+                Memlock::Unlimited,
+                Some(runtime(false, true, eight)),
+                Action::Capped {
+                    requested: Memlock::Unlimited,
+                    granted: eight,
+                },
+            ),
+            (
+                "no CAP_SYS_RESOURCE, 1 GiB asked: capped at 8 MiB",
+                rdma.clone(),
+                Memlock::Bytes(1024 * MIB),
+                Some(runtime(false, true, eight)),
+                Action::Capped {
+                    requested: Memlock::Bytes(1024 * MIB),
+                    granted: eight,
+                },
+            ),
+            (
+                "no CAP_SYS_RESOURCE, 4 MiB asked, within the hard limit: as asked",
+                rdma.clone(),
+                Memlock::Bytes(4 * MIB),
+                Some(runtime(false, true, eight)),
+                Action::Set(Memlock::Bytes(4 * MIB)),
+            ),
+            (
+                "no CAP_SYS_RESOURCE, exactly the hard limit: as asked",
+                rdma.clone(),
+                eight,
+                Some(runtime(false, true, eight)),
+                Action::Set(eight),
+            ),
+            (
+                "no CAP_SYS_RESOURCE but hard unlimited: as asked",
+                rdma.clone(),
+                Memlock::Unlimited,
+                Some(runtime(false, true, Memlock::Unlimited)),
+                Action::Set(Memlock::Unlimited),
+            ),
+            (
+                "CAP_SYS_RESOURCE in the initial user namespace: as asked",
+                rdma.clone(),
+                Memlock::Unlimited,
+                Some(runtime(true, true, eight)),
+                Action::Set(Memlock::Unlimited),
+            ),
+            (
+                "CAP_SYS_RESOURCE in a user namespace (rootless): capped",
+                rdma.clone(),
+                Memlock::Unlimited,
+                Some(runtime(true, false, Memlock::Bytes(64 * 1024))),
+                Action::Capped {
+                    requested: Memlock::Unlimited,
+                    granted: Memlock::Bytes(64 * 1024),
+                },
+            ),
+            (
+                "runtime limits unknown: as asked",
+                rdma.clone(),
+                Memlock::Unlimited,
+                None,
+                Action::Set(Memlock::Unlimited),
+            ),
+            (
+                "spec soft too low, spec hard above the runtime's: capped at the runtime's",
+                with_spec(MIB, 16 * MIB),
+                Memlock::Bytes(4 * MIB),
+                Some(runtime(false, true, eight)),
+                Action::Capped {
+                    requested: Memlock::Bytes(16 * MIB),
+                    granted: eight,
+                },
+            ),
+            (
+                "spec already sufficient: untouched, whatever the runtime",
+                with_spec(u64::MAX, u64::MAX),
+                Memlock::Bytes(4 * MIB),
+                Some(runtime(false, true, eight)),
+                Action::AlreadySufficient {
+                    existing: Rlimit {
+                        soft: u64::MAX,
+                        hard: u64::MAX,
+                    },
+                    wanted: Memlock::Bytes(4 * MIB),
+                },
+            ),
+            (
+                "not an RDMA container: untouched",
+                plain,
+                Memlock::Unlimited,
+                Some(runtime(false, true, eight)),
+                Action::Untouched,
+            ),
+        ];
+        for (what, container, default, rt, want) in table {
+            let d = decide_for_runtime(&container, None, default, rt.as_ref());
+            assert_eq!(d.action, want, "{what}");
+            let adj = d.adjustment();
+            match want {
+                Action::Set(l) | Action::Capped { granted: l, .. } => {
+                    assert_eq!(adj.rlimits.len(), 1, "{what}");
+                    assert_eq!(
+                        (adj.rlimits[0].soft, adj.rlimits[0].hard),
+                        (l.rlimit_value(), l.rlimit_value()),
+                        "{what}"
+                    );
+                }
+                Action::Untouched | Action::AlreadySufficient { .. } => {
+                    assert!(adj.rlimits.is_empty(), "{what}");
+                }
+            }
         }
     }
 

@@ -43,6 +43,8 @@ pub struct SessionOptions {
     name: String,
     index: String,
     registration_timeout: Duration,
+    /// Where the runtime's `/proc/<pid>` is read (see [`crate::runtime`]).
+    proc_root: PathBuf,
 }
 
 impl SessionOptions {
@@ -66,7 +68,18 @@ impl SessionOptions {
             name: name.to_owned(),
             index: index.to_owned(),
             registration_timeout,
+            proc_root: PathBuf::from(crate::runtime::DEFAULT_PROC_ROOT),
         })
+    }
+
+    /// Reads the runtime's `/proc/<pid>` under `proc_root` instead of `/proc`.
+    pub fn with_proc_root(mut self, proc_root: impl Into<PathBuf>) -> Self {
+        self.proc_root = proc_root.into();
+        self
+    }
+
+    pub fn proc_root(&self) -> &Path {
+        &self.proc_root
     }
 
     pub fn name(&self) -> &str {
@@ -357,6 +370,11 @@ pub async fn connect_and_serve<R: MemlockRequests>(
     match tokio::net::UnixStream::connect(socket).await {
         Ok(stream) => {
             tracing::debug!(socket = %socket.display(), "connected");
+            // The peer is the runtime that will apply our limits: learn
+            // what it can grant before the first CreateContainer.
+            let observed = crate::runtime::peer_pid(&stream)
+                .and_then(|pid| crate::runtime::read(&options.proc_root, pid));
+            handler.runtime_connected(observed);
             serve(stream, options, handler, state).await
         }
         Err(source) => SessionEnd {

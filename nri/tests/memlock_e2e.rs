@@ -7,9 +7,12 @@
 //! sets RLIMIT_MEMLOCK, drops from root to nobody (65534) — which also drops
 //! CAP_IPC_LOCK, so the limit applies — and tries to lock 4 MiB.
 //!
-//! Root on the CI machine lacks CAP_SYS_RESOURCE and the hard memlock limit
-//! is 8 MiB, so the adjustment's "unlimited" cannot be applied as is: the
-//! child caps it at the available hard limit and says so ("capped").
+//! The child applies the adjustment as runc does, with no fallback: where the
+//! hard limit cannot be raised (root here lacks CAP_SYS_RESOURCE and the
+//! hard memlock limit is 8 MiB), an adjustment above it fails with EPERM —
+//! runc's "error setting rlimit type 8: operation not permitted". The plugin
+//! must therefore ask for no more than the runtime (here: this test process,
+//! the peer of the NRI socket) can set.
 
 use std::process::Command;
 use std::time::Duration;
@@ -19,6 +22,7 @@ use kroce_nri::cni_requests::StateDir;
 use kroce_nri::handler::Handler;
 use kroce_nri::proto::api;
 use kroce_nri::session::{self, Backoff, PluginState, SessionOptions};
+use kroce_nri::status::{self, StatusPath};
 use kroce_nri::testing::FakeRuntime;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::unistd::{Gid, Uid, geteuid, setgid, setgroups, setuid};
@@ -35,7 +39,8 @@ const PREFIX: &str = "KROCE_PROBE";
 /// What the child reports.
 #[derive(Debug, PartialEq, Eq)]
 struct Probe {
-    capped: bool,
+    /// `setrlimit` as runc calls it: "ok" or the errno.
+    setrlimit: Result<(), String>,
     soft: u64,
     hard: u64,
     euid: u32,
@@ -79,8 +84,17 @@ fn run_child(soft: u64, hard: u64) -> Probe {
             .unwrap_or_else(|| panic!("child did not report {k}:\n{stdout}"))
             .clone()
     };
+    if get("setrlimit") != "ok" {
+        return Probe {
+            setrlimit: Err(get("setrlimit")),
+            soft: 0,
+            hard: 0,
+            euid: 0,
+            mlock: Err("not run".into()),
+        };
+    }
     Probe {
-        capped: get("capped") == "true",
+        setrlimit: Ok(()),
         soft: get("soft").parse().unwrap(),
         hard: get("hard").parse().unwrap(),
         euid: get("euid").parse().unwrap(),
@@ -101,23 +115,12 @@ fn mlock_child() {
     let soft: u64 = std::env::var(ENV_SOFT).unwrap().parse().unwrap();
     let hard: u64 = std::env::var(ENV_HARD).unwrap().parse().unwrap();
 
-    // As runc: rlimits first, while still root.
-    let (_, available_hard) = getrlimit(Resource::RLIMIT_MEMLOCK).unwrap();
-    let capped = match setrlimit(Resource::RLIMIT_MEMLOCK, soft, hard) {
-        Ok(()) => false,
-        Err(nix::errno::Errno::EPERM) if hard > available_hard => {
-            // No CAP_SYS_RESOURCE: raising the hard limit is refused. Apply the
-            // adjustment within what this machine allows.
-            setrlimit(
-                Resource::RLIMIT_MEMLOCK,
-                soft.min(available_hard),
-                available_hard,
-            )
-            .unwrap();
-            true
-        }
-        Err(err) => panic!("setrlimit({soft}, {hard}): {err}"),
-    };
+    // As runc: rlimits first, while still root; a refusal fails the container.
+    if let Err(err) = setrlimit(Resource::RLIMIT_MEMLOCK, soft, hard) {
+        println!("{PREFIX} setrlimit={err:?}");
+        return;
+    }
+    println!("{PREFIX} setrlimit=ok");
     // Then the container user; this drops every capability, CAP_IPC_LOCK included.
     setgroups(&[]).unwrap();
     setgid(Gid::from_raw(NOBODY)).unwrap();
@@ -138,7 +141,6 @@ fn mlock_child() {
     let _ = nix::sys::mman::munlockall();
     drop(buf);
 
-    println!("{PREFIX} capped={capped}");
     println!("{PREFIX} soft={soft_now}");
     println!("{PREFIX} hard={hard_now}");
     println!("{PREFIX} euid={}", geteuid().as_raw());
@@ -157,7 +159,9 @@ fn adjustment_from_plugin() -> api::PosixRlimit {
         let socket = dir.path().join("nri.sock");
         let runtime = FakeRuntime::bind(&socket).unwrap();
         let options = SessionOptions::new("kroce-memlock", "50", Duration::from_secs(5)).unwrap();
-        let handler = Handler::new(Memlock::Unlimited, StateDir::new(dir.path()));
+        let status_file = StatusPath::in_state_dir(dir.path());
+        let handler = Handler::new(Memlock::Unlimited, StateDir::new(dir.path()))
+            .with_status(Box::new(status_file.clone()));
         let (state, _) = tokio::sync::watch::channel(PluginState::Connecting { last_error: None });
         let plugin = session::run(
             &socket,
@@ -200,7 +204,23 @@ fn adjustment_from_plugin() -> api::PosixRlimit {
                 .unwrap();
             let mut rlimits = resp.adjust.unwrap().rlimits;
             assert_eq!(rlimits.len(), 1);
-            rlimits.remove(0)
+            let rlimit = rlimits.remove(0);
+            // What the node agent and doctor read: this process as the runtime,
+            // and the capped request when the adjustment was capped.
+            let status = status::read(&status_file.0).unwrap().unwrap();
+            println!("status file: {}", serde_json::to_string(&status).unwrap());
+            let runtime = status.runtime.expect("runtime limits read from /proc");
+            assert_eq!(runtime.pid, std::process::id());
+            match status.last_capped {
+                Some(capped) => {
+                    assert_eq!(capped.container, "rdma-app");
+                    assert_eq!(capped.requested, Memlock::Unlimited);
+                    assert_eq!(capped.granted, Memlock::from_rlimit(rlimit.hard));
+                    assert_eq!(capped.granted, runtime.memlock_hard);
+                }
+                None => assert_eq!(rlimit.hard, u64::MAX),
+            }
+            rlimit
         };
         tokio::select! {
             () = plugin => unreachable!("the plugin loop only ends on shutdown"),
@@ -239,31 +259,43 @@ fn adjustment_turns_failing_mlock_into_succeeding_one() {
         "mlock of 4 MiB under a 1 MiB limit must fail without CAP_IPC_LOCK: {before:?}"
     );
 
-    // The plugin's adjustment for an RDMA container.
+    // The plugin's adjustment for an RDMA container (default `unlimited`).
     let rlimit = adjustment_from_plugin();
     assert_eq!(rlimit.r#type, "RLIMIT_MEMLOCK");
-    assert_eq!(
-        (rlimit.soft, rlimit.hard),
-        (u64::MAX, u64::MAX),
-        "unlimited is RLIM_INFINITY"
-    );
+    println!("adjustment: soft={} hard={}", rlimit.soft, rlimit.hard);
+    assert_eq!(rlimit.soft, rlimit.hard);
 
-    // After: applied as runc would; where the hard limit cannot be raised it is
-    // capped at what is available (8 MiB here), which still suffices for 4 MiB.
+    // After: applied exactly as runc applies it. Where the hard limit cannot be
+    // raised (here), the plugin asked for at most the runtime's hard limit, so
+    // setrlimit succeeds; an "unlimited" adjustment would fail with EPERM.
     let after = run_child(rlimit.soft, rlimit.hard);
     println!("after: {after:?}");
+    assert_eq!(
+        after.setrlimit,
+        Ok(()),
+        "runc would fail this container: the adjustment ({}, {}) exceeds what the runtime can set (hard {hard_now})",
+        rlimit.soft,
+        rlimit.hard
+    );
+    assert!(
+        rlimit.hard <= hard_now || runtime_can_raise(),
+        "adjustment hard {} above the runtime's hard limit {hard_now}",
+        rlimit.hard
+    );
     assert_eq!(after.euid, NOBODY);
-    if after.capped {
-        println!(
-            "note: the adjustment asked for unlimited; without CAP_SYS_RESOURCE it was capped at the hard limit {hard_now}"
-        );
-        assert_eq!((after.soft, after.hard), (hard_now, hard_now));
-    } else {
-        assert_eq!((after.soft, after.hard), (u64::MAX, u64::MAX));
-    }
+    assert_eq!((after.soft, after.hard), (rlimit.soft, rlimit.hard));
     assert_eq!(
         after.mlock,
         Ok(()),
         "mlock must succeed under the adjusted limit: {after:?}"
     );
+}
+
+/// Whether this process (the "runtime" here) may raise its hard memlock
+/// limit, asked of the kernel itself: a shell that tries.
+fn runtime_can_raise() -> bool {
+    Command::new("sh")
+        .args(["-c", "ulimit -H -l unlimited"])
+        .status()
+        .is_ok_and(|s| s.success())
 }

@@ -34,7 +34,9 @@ impl Plugin {
             .with_env_filter("kroce_nri=debug")
             .with_test_writer()
             .try_init();
-        let options = SessionOptions::new("kroce-memlock", "50", registration_timeout).unwrap();
+        let options = SessionOptions::new("kroce-memlock", "50", registration_timeout)
+            .unwrap()
+            .with_proc_root(raising_runtime_proc(state_dir));
         let handler = Handler::new(Memlock::Bytes(DEFAULT), StateDir::new(state_dir));
         let (tx, rx) = watch::channel(PluginState::Connecting { last_error: None });
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -71,6 +73,24 @@ impl Plugin {
             .expect("plugin did not stop")
             .unwrap();
     }
+}
+
+/// A proc root in which the peer of the NRI socket (this process: the
+/// stand-in runs in it) may raise its limits, so these protocol tests see
+/// limits as requested; capping has its own tests (`runtime_limits.rs`,
+/// `memlock_e2e.rs`, the policy table).
+fn raising_runtime_proc(dir: &Path) -> PathBuf {
+    let root = dir.join("fake-proc");
+    let pid_dir = root.join(std::process::id().to_string());
+    std::fs::create_dir_all(&pid_dir).unwrap();
+    std::fs::write(pid_dir.join("status"), "CapEff:\t000001ffffffffff\n").unwrap();
+    std::fs::write(
+        pid_dir.join("limits"),
+        "Max locked memory         unlimited            unlimited            bytes\n",
+    )
+    .unwrap();
+    std::fs::write(pid_dir.join("uid_map"), "0 0 4294967295\n").unwrap();
+    root
 }
 
 struct Fixture {
@@ -582,7 +602,9 @@ async fn malformed_messages_do_not_stop_the_plugin() {
 async fn start_up_makes_no_probe_connection_and_registers_with_a_version() {
     let fx = fixture();
     let rt = FakeRuntime::bind(&fx.socket).unwrap();
-    let options = SessionOptions::new("kroce-memlock", "50", Duration::from_secs(5)).unwrap();
+    let options = SessionOptions::new("kroce-memlock", "50", Duration::from_secs(5))
+        .unwrap()
+        .with_proc_root(raising_runtime_proc(&fx.state_dir));
     let handler = Handler::new(Memlock::Bytes(DEFAULT), StateDir::new(&fx.state_dir));
     let (state, mut rx) = watch::channel(PluginState::Connecting { last_error: None });
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
