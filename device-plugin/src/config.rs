@@ -8,8 +8,12 @@
 use crate::resource_name::ResourceName;
 use serde_json::{Map, Value};
 use sriov_helpers::{PciAddress, PfSelector};
-use std::fmt;
 use std::path::{Path, PathBuf};
+
+/// The RLIMIT_MEMLOCK a pool's containers need, in the one grammar every
+/// kroce component reads (`unlimited`, bytes, `64Gi`, `1G`, …). `Display`
+/// gives the annotation value: `unlimited` or decimal bytes.
+pub use kroce_contracts::Memlock;
 
 /// Upper bound for `sharedCount`: every share is a device ID the kubelet tracks.
 pub const MAX_SHARED_COUNT: u32 = 1000;
@@ -35,23 +39,6 @@ pub enum Mode {
     Exclusive,
     /// `count` device IDs per HCA; every holder gets the HCA's char devices.
     Shared { count: u32 },
-}
-
-/// The RLIMIT_MEMLOCK a pool's containers need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Memlock {
-    Unlimited,
-    Bytes(u64),
-}
-
-impl fmt::Display for Memlock {
-    /// The annotation value: `unlimited` or decimal bytes.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Memlock::Unlimited => f.write_str("unlimited"),
-            Memlock::Bytes(b) => write!(f, "{b}"),
-        }
-    }
 }
 
 /// Link layer of a device: from its RDMA port, else from its netdev address length.
@@ -258,8 +245,9 @@ fn parse_pool(index: usize, raw: &Value) -> Result<Pool, ConfigError> {
     check_keys(obj, POOL_FIELDS, |k, m| ctx.err(k, m))?;
     let resource = match obj.get("resourceName") {
         None => return Err(ctx.err("resourceName", "missing")),
-        Some(Value::String(s)) => ResourceName::parse(s)
-            .map_err(|why| ctx.err("resourceName", format!("invalid {s:?}: {why}")))?,
+        Some(Value::String(s)) => {
+            ResourceName::parse(s).map_err(|e| ctx.err("resourceName", e.to_string()))?
+        }
         Some(v) => {
             return Err(ctx.err(
                 "resourceName",
@@ -304,7 +292,7 @@ fn parse_pool(index: usize, raw: &Value) -> Result<Pool, ConfigError> {
     };
     let memlock = match obj.get("memlock") {
         None => None,
-        Some(v) => Some(parse_memlock(v).map_err(|m| ctx.err("memlock", m))?),
+        Some(v) => Some(Memlock::from_json(v).map_err(|e| ctx.err("memlock", e.to_string()))?),
     };
     let selectors = match obj.get("selectors") {
         None => {
@@ -344,40 +332,6 @@ fn check_keys(
         )),
         None => Ok(()),
     }
-}
-
-/// `unlimited`, a byte count, or a count with a K/M/G/T (1000) or Ki/Mi/Gi/Ti (1024) suffix.
-fn parse_memlock(v: &Value) -> Result<Memlock, String> {
-    let bad =
-        || format!("expected \"unlimited\" or a byte count like 68719476736 or \"64Gi\", got {v}");
-    let bytes = match v {
-        Value::String(s) if s == "unlimited" => return Ok(Memlock::Unlimited),
-        Value::Number(n) => n.as_u64().ok_or_else(bad)?,
-        Value::String(s) => {
-            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-            let (num, suffix) = s.split_at(split);
-            let num: u64 = num.parse().map_err(|_| bad())?;
-            let mult: u64 = match suffix {
-                "" => 1,
-                "K" => 1000,
-                "M" => 1000_u64.pow(2),
-                "G" => 1000_u64.pow(3),
-                "T" => 1000_u64.pow(4),
-                "Ki" => 1 << 10,
-                "Mi" => 1 << 20,
-                "Gi" => 1 << 30,
-                "Ti" => 1 << 40,
-                _ => return Err(bad()),
-            };
-            num.checked_mul(mult)
-                .ok_or_else(|| format!("{s:?} does not fit in 64 bits"))?
-        }
-        _ => return Err(bad()),
-    };
-    if bytes == 0 {
-        return Err("must be more than 0 bytes".into());
-    }
-    Ok(Memlock::Bytes(bytes))
 }
 
 fn parse_selectors(ctx: &PoolCtx, s: &Map<String, Value>) -> Result<Selectors, ConfigError> {
@@ -668,7 +622,13 @@ pools:
             ),
             (
                 "pools:\n- resourceName: vf\n  memlock: 0\n  selectors: {isRdma: true}\n",
-                &["memlock", "more than 0"],
+                &["memlock", "\"0\" is zero"],
+            ),
+            // Kubernetes quantity spellings only: `64g` passed the old CRD
+            // pattern and then stopped the plugin here; now nothing takes it.
+            (
+                "pools:\n- resourceName: vf\n  memlock: 64g\n  selectors: {isRdma: true}\n",
+                &["pool 0 (rdma/vf)", "memlock", "\"64g\"", "unknown unit"],
             ),
             (
                 "pools:\n- resourceName: Bad/Name\n  selectors: {isRdma: true}\n",
