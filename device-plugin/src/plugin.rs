@@ -600,7 +600,13 @@ fn log_changes(prev: &Snapshot, next: &Snapshot) {
             .filter(|d| d.health.is_healthy())
             .count();
         let Some(old) = prev.pool(res) else {
-            tracing::info!(resource = %res, devices = ps.devices.len(), healthy, "pool ready");
+            // One line, naming every unhealthy device (not each share) and why.
+            let unhealthy = unhealthy_devices(ps);
+            if unhealthy.is_empty() {
+                tracing::info!(resource = %res, devices = ps.devices.len(), healthy, "pool ready");
+            } else {
+                tracing::warn!(resource = %res, devices = ps.devices.len(), healthy, unhealthy = %unhealthy.join("; "), "pool ready; some devices are unhealthy");
+            }
             continue;
         };
         let added = ps
@@ -633,5 +639,72 @@ fn log_changes(prev: &Snapshot, next: &Snapshot) {
                 tracing::warn!(resource = %res, device = %d.candidate.id, reasons = ?d.health.reasons(), "device unhealthy");
             }
         }
+    }
+}
+
+/// `<device>: <reason>, <reason>` per unhealthy underlying device.
+fn unhealthy_devices(ps: &crate::snapshot::PoolSnapshot) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    ps.devices
+        .values()
+        .filter(|d| !d.health.is_healthy() && seen.insert(d.candidate.id.as_str()))
+        .map(|d| format!("{}: {}", d.candidate.id, d.health.reasons().join(", ")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Format, parse};
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn start_up_names_unhealthy_devices_in_one_line() {
+        let (_dir, fx) = crate::testing::connectx_pair();
+        fx.remove_netdev("ens1f0v1").unwrap();
+        fx.set_operstate("ens2f0v3", "down").unwrap();
+        let cfg = parse(
+            "pools:\n- resourceName: vf\n  selectors: {devices: [\"101e\"]}\n- resourceName: hca\n  mode: shared\n  sharedCount: 3\n  selectors: {devices: [\"101d\"]}\n",
+            Format::Yaml,
+        )
+        .unwrap();
+        let c = inventory::candidates(&HostView::scan(&fx.root()), &mut Memory::default());
+        let snap = Snapshot::build(&cfg, c, &|_, _| false);
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            log_changes(&Snapshot::default(), &snap);
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let vf = lines.iter().find(|l| l.contains("rdma/vf")).unwrap();
+        assert!(vf.contains("WARN"), "{vf}");
+        assert!(
+            vf.contains(
+                "0000:3b:00.3: netdev ens1f0v1 is gone; 0000:86:00.5: netdev ens2f0v3 is down"
+            ),
+            "{vf}"
+        );
+        assert!(vf.contains("healthy=14"), "{vf}");
+        let hca = lines.iter().find(|l| l.contains("rdma/hca")).unwrap();
+        assert!(hca.contains("INFO") && !hca.contains("unhealthy"), "{hca}");
     }
 }

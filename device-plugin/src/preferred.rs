@@ -1,9 +1,16 @@
 //! GetPreferredAllocation: from the available devices, pick `size` that
-//! include every must-include and sit on the fewest NUMA nodes. Then
-//! [`Strategy::Pack`] (VFs) uses the fewest PFs, and [`Strategy::Spread`]
-//! (shares of shared HCAs, where `rdma/hca: 2` means two HCAs to a user)
-//! uses the most HCAs, as evenly as it can. The answer depends only on the
-//! sets given, not on their order, and ties go to the lowest IDs.
+//! include every must-include.
+//!
+//! - [`Strategy::Pack`] (VFs): on the fewest NUMA nodes, then on the fewest
+//!   PFs.
+//! - [`Strategy::Spread`] (shares of shared HCAs, where `rdma/hca: 2` means
+//!   two HCAs to a user): on the most HCAs, then on the fewest NUMA nodes,
+//!   then as evenly as possible. When the Topology Manager demands one NUMA
+//!   node the kubelet offers only that node's devices, so spreading never
+//!   breaks its alignment.
+//!
+//! The answer depends only on the sets given, not on their order, and ties
+//! go to the lowest IDs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,13 +22,15 @@ pub struct Topology {
     pub group: String,
 }
 
-/// What to do within the fewest NUMA nodes.
+/// How to choose among the available devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
-    /// Fewest groups (PFs): VFs of one PF share its switch and link.
+    /// Fewest NUMA nodes, then fewest groups (PFs): VFs of one PF share its
+    /// switch and link.
     Pack,
-    /// Most groups, then the fewest shares on any one: shares of one HCA
-    /// share everything, so two shares of two HCAs are worth more.
+    /// Most groups (HCAs), then fewest NUMA nodes, then the fewest shares on
+    /// any one HCA: shares of one HCA share everything, so a request for two
+    /// is a request for two HCAs.
     Spread,
 }
 
@@ -91,17 +100,35 @@ pub fn preferred(
     for id in avail.iter().filter(|id| !must.contains(*id)) {
         by_node.entry(node_key(topo[id].numa)).or_default().push(id);
     }
+    // What a node offers: devices (pack), or HCAs not yet used by a
+    // must-include (spread: every such HCA on a node is one more HCA).
+    let offer = |ids: &Vec<&str>| -> usize {
+        match strategy {
+            Strategy::Pack => ids.len(),
+            Strategy::Spread => ids
+                .iter()
+                .map(|id| topo[id].group.as_str())
+                .filter(|g| !must_groups.contains(g))
+                .collect::<BTreeSet<&str>>()
+                .len(),
+        }
+    };
+    let target = match strategy {
+        Strategy::Pack => need,
+        // As many new HCAs as the request and the host allow.
+        Strategy::Spread => need.min(by_node.values().map(offer).sum()),
+    };
     let free: usize = must_nodes
         .iter()
         .filter_map(|n| by_node.get(n))
-        .map(Vec::len)
+        .map(offer)
         .sum();
     let others: Vec<(NodeKey, usize)> = by_node
         .iter()
         .filter(|(n, _)| !must_nodes.contains(*n))
-        .map(|(n, v)| (*n, v.len()))
+        .map(|(n, v)| (*n, offer(v)))
         .collect();
-    let extra_sets = minimal_node_sets(&others, need.saturating_sub(free));
+    let extra_sets = minimal_node_sets(&others, target.saturating_sub(free));
     // Among node sets of minimal size, the one whose picks score best.
     let mut best: Option<((usize, usize), Vec<NodeKey>, Vec<&str>)> = None;
     for extra in extra_sets {
@@ -336,8 +363,7 @@ mod tests {
     }
 
     /// What a strategy minimises over a selection: (NUMA nodes, PFs) for
-    /// pack; (NUMA nodes, fewest HCAs as MAX - HCAs, most shares on one)
-    /// for spread.
+    /// pack; (MAX - HCAs, NUMA nodes, most shares on one HCA) for spread.
     fn cost(sel: &[String], how: Pick) -> (usize, usize, usize) {
         let t: Vec<Topology> = sel.iter().map(|s| topo_of(s)).collect();
         let nodes: BTreeSet<Option<u32>> = t.iter().map(|t| t.numa).collect();
@@ -348,8 +374,8 @@ mod tests {
         match how {
             Pick::Pack => (nodes.len(), groups.len(), 0),
             Pick::Spread => (
-                nodes.len(),
                 usize::MAX - groups.len(),
+                nodes.len(),
                 groups.values().copied().max().unwrap_or(0),
             ),
         }
@@ -395,15 +421,24 @@ mod tests {
             preferred(&avail, &[], 2, &topo_of, Pick::Pack).unwrap(),
             ids(&["n0g0-0", "n0g0-1"])
         );
-        // Four over the two NUMA-0 HCAs evenly rather than three NUMA nodes' worth.
+        // Four: all three HCAs, the fourth share on the lowest.
         assert_eq!(
             spread(&[], 4),
-            ids(&["n0g0-0", "n0g0-1", "n0g1-0", "n0g1-1"])
+            ids(&["n0g0-0", "n0g0-1", "n0g1-0", "n1g2-0"])
         );
-        // NUMA first: a must-include on NUMA 1 keeps the other pick there.
-        assert_eq!(spread(&["n1g2-1"], 2), ids(&["n1g2-0", "n1g2-1"]));
+        // Seven: 3+2+2, as even as it gets.
+        assert_eq!(spread(&[], 7).len(), 7);
+        // A second HCA is worth a second NUMA node.
+        assert_eq!(spread(&["n1g2-1"], 2), ids(&["n0g0-0", "n1g2-1"]));
         // A must-include's HCA counts as used: the next goes to the other one.
         assert_eq!(spread(&["n0g1-2"], 2), ids(&["n0g0-0", "n0g1-2"]));
+        // Among ways to reach two HCAs, one NUMA node beats two (lower IDs
+        // would have taken n0g0).
+        let avail = ids(&["n0g0-0", "n0g0-1", "n1g1-0", "n1g2-0"]);
+        assert_eq!(
+            preferred(&avail, &[], 2, &topo_of, Pick::Spread).unwrap(),
+            ids(&["n1g1-0", "n1g2-0"])
+        );
     }
 
     fn device_pool() -> impl Strategy<Value = Vec<String>> {
@@ -447,8 +482,8 @@ mod tests {
                 let uniq: BTreeSet<&String> = got.iter().collect();
                 prop_assert_eq!(uniq.len(), got.len());
                 prop_assert!(must.iter().all(|m| got.contains(m)));
-                // Fewest NUMA nodes, then fewest PFs (pack) or most HCAs,
-                // evenly (spread).
+                // Pack: fewest NUMA nodes, then fewest PFs. Spread: most
+                // HCAs, then fewest NUMA nodes, then evenly.
                 prop_assert_eq!(cost(&got, how), best_cost(&avail, &must, size, how), "{:?}", how);
                 // Same sets in another order give the same answer.
                 let mut rotated = avail.clone();

@@ -47,3 +47,30 @@ pub async fn register(kubelet_socket: &Path, resource: &ResourceName) -> Result<
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The retry warning prints this error: its cause once, not twice.
+    #[tokio::test]
+    async fn connect_failure_names_path_and_cause_once() {
+        let d = tempfile::tempdir().unwrap();
+        let res = ResourceName::parse("vf").unwrap();
+        // A socket file nobody listens on: what a restarting kubelet leaves.
+        let sock = d.path().join("kubelet.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        let e = register(&sock, &res).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cannot connect to {}: transport error: Connection refused (os error 111)",
+                sock.display()
+            )
+        );
+        let missing = d.path().join("missing.sock");
+        let e = register(&missing, &res).await.unwrap_err().to_string();
+        assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+        assert!(e.contains(&missing.display().to_string()), "{e}");
+    }
+}

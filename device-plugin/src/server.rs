@@ -213,3 +213,84 @@ impl DevicePlugin for DevicePluginService {
         Ok(Response::new(api::PreStartContainerResponse {}))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Format, parse};
+    use crate::host_view::HostView;
+    use crate::inventory::{Memory, candidates};
+    use crate::snapshot::Snapshot;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `rdma/hca: 2` from a shared pool: two HCAs (one per NUMA node here,
+    /// since each node has one), and the decision logged at debug.
+    #[test]
+    fn shared_pool_preferred_allocation_spreads_and_is_logged() {
+        let (_dir, fx) = crate::testing::connectx_pair();
+        let cfg = parse(
+            "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 4\n  selectors: {devices: [\"101d\"]}\n",
+            Format::Yaml,
+        )
+        .unwrap();
+        let c = candidates(&HostView::scan(&fx.root()), &mut Memory::default());
+        let snap = Snapshot::build(&cfg, c, &|_, _| false);
+        let all: Vec<String> = snap.pools[0].devices.keys().cloned().collect();
+        let (_tx, rx) = watch::channel(Arc::new(snap));
+        let shared = Arc::new(Shared::new(rx, false, PathBuf::from("/nonexistent")));
+        let (_stop_tx, stop) = watch::channel(false);
+        let svc = DevicePluginService::new(cfg.pools[0].resource.clone(), shared, stop);
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ask = |avail: Vec<String>, size| api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: avail,
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: size,
+            }],
+        };
+        let got = tracing::subscriber::with_default(subscriber, || {
+            rt.block_on(svc.get_preferred_allocation(Request::new(ask(all.clone(), 2))))
+        })
+        .unwrap()
+        .into_inner();
+        // One HCA per NUMA node on this host: two HCAs need both nodes, and
+        // two shares of one HCA is not what `rdma/hca: 2` means.
+        assert_eq!(
+            got.container_responses[0].device_i_ds,
+            ["0000:3b:00.0-0", "0000:86:00.0-0"]
+        );
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains("GetPreferredAllocation"))
+            .unwrap_or_else(|| panic!("no decision logged: {text}"));
+        assert!(line.contains("DEBUG"), "{line}");
+        assert!(
+            line.contains("strategy=\"spread\"") || line.contains("strategy=spread"),
+            "{line}"
+        );
+        assert!(line.contains("0000:86:00.0-0"), "{line}");
+    }
+}

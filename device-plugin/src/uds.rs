@@ -74,17 +74,23 @@ pub async fn connect(path: &Path) -> Result<Channel, UdsError> {
     }));
     match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
         Ok(Ok(ch)) => Ok(ch),
-        Ok(Err(e)) => Err(fail(format!("{e}: {}", source_chain(&e)))),
+        Ok(Err(e)) => Err(fail(describe(&e))),
         Err(_) => Err(fail("timed out".into())),
     }
 }
 
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut out = Vec::new();
+/// The error and its causes, each once: tonic's transport error already
+/// prints its source, so appending the chain blindly said everything twice.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
-        out.push(s.to_string());
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         cur = s.source();
     }
-    out.join(": ")
+    out
 }
