@@ -17,28 +17,15 @@ use crate::memlock::Memlock;
 use crate::proto::api;
 pub use crate::runtime::RuntimeLimits;
 
-/// Prefix of the annotation listing the kroce RDMA devices allocated to a
-/// container for one resource: `kroce.io/rdma-devices.<res>`, value the
-/// comma-separated device IDs.
-pub const DEVICES_ANNOTATION_PREFIX: &str = "kroce.io/rdma-devices.";
-/// Prefix of the annotation carrying the memlock a resource asks for:
-/// `kroce.io/memlock.<res>`, value `unlimited` or decimal bytes.
-pub const MEMLOCK_ANNOTATION_PREFIX: &str = "kroce.io/memlock.";
+/// The annotations the device plugin sets in `Allocate`:
+/// `kroce.io/rdma-devices.<res>` (the device IDs) and `kroce.io/memlock.<res>`
+/// (the pool's limit, in the one memlock grammar). Named in
+/// [`kroce_contracts::annotations`], shared with the writer.
+pub use kroce_contracts::annotations::{DEVICES_ANNOTATION_PREFIX, MEMLOCK_ANNOTATION_PREFIX};
 /// RDMA character devices (uverbs, umad, rdma_cm) live here in a container.
 pub const RDMA_DEVICE_DIR: &str = "/dev/infiniband/";
 /// The OCI rlimit name.
 pub const RLIMIT_MEMLOCK: &str = "RLIMIT_MEMLOCK";
-
-/// `kroce.io/rdma-devices.<res>` for a resource name such as `kroce.io/rdma_vf`
-/// ('/' becomes '_', as annotation names allow only one '/').
-pub fn devices_annotation(resource: &str) -> String {
-    format!("{DEVICES_ANNOTATION_PREFIX}{}", resource.replace('/', "_"))
-}
-
-/// `kroce.io/memlock.<res>` for a resource name ('/' becomes '_').
-pub fn memlock_annotation(resource: &str) -> String {
-    format!("{MEMLOCK_ANNOTATION_PREFIX}{}", resource.replace('/', "_"))
-}
 
 /// An rlimit pair as the container spec has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,19 +263,6 @@ mod tests {
             device_paths: devices.iter().map(|d| (*d).to_owned()).collect(),
             existing_memlock: None,
         }
-    }
-
-    #[test]
-    fn annotation_keys_replace_slash() {
-        assert_eq!(
-            devices_annotation("kroce.io/rdma_vf"),
-            "kroce.io/rdma-devices.kroce.io_rdma_vf"
-        );
-        assert_eq!(
-            devices_annotation("rdma/vf"),
-            "kroce.io/rdma-devices.rdma_vf"
-        );
-        assert_eq!(memlock_annotation("rdma/vf"), "kroce.io/memlock.rdma_vf");
     }
 
     #[test]
