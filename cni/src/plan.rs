@@ -6,8 +6,8 @@ use crate::config::{NetConf, RdmaPolicy};
 use crate::memlock::Memlock;
 use crate::netlink::rdma::RdmaNetnsMode;
 use crate::protocol::{CniError, code};
-use crate::vf::Target;
-use crate::vf_attrs::{VfSetting, VlanProto};
+use crate::vf::{Target, VfTarget};
+use crate::vf_attrs::{VfSetting, VfState, VlanProto};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddPlan {
@@ -82,6 +82,7 @@ pub fn vf_settings(conf: &NetConf) -> Vec<VfSetting> {
             proto: a.vlan_proto.unwrap_or(VlanProto::Dot1Q),
         });
     }
+    // The one not given is completed from the VF's state (`complete_rates`).
     if a.min_tx_rate.is_some() || a.max_tx_rate.is_some() {
         out.push(VfSetting::Rate {
             min: a.min_tx_rate.unwrap_or(0),
@@ -98,6 +99,89 @@ pub fn vf_settings(conf: &NetConf) -> Vec<VfSetting> {
         out.push(VfSetting::LinkState { state });
     }
     out
+}
+
+/// PF drivers whose VFs take 802.1Q VLANs only: mlx5_core's
+/// `mlx5e_set_vf_vlan` answers EPROTONOSUPPORT for any other protocol,
+/// after the VF settings before it were applied.
+const DOT1Q_ONLY_PF_DRIVERS: &[&str] = &["mlx5_core"];
+
+/// Refuses settings the PF's driver is known to reject, before anything is
+/// changed.
+fn refuse_unsupported_by_pf(settings: &[VfSetting], v: &VfTarget) -> Result<(), CniError> {
+    for s in settings {
+        if let VfSetting::Vlan {
+            proto: VlanProto::Dot1Ad,
+            ..
+        } = s
+            && let Some(driver) = v
+                .pf_driver
+                .as_deref()
+                .filter(|d| DOT1Q_ONLY_PF_DRIVERS.contains(d))
+        {
+            return Err(CniError::new(
+                code::UNSUPPORTED_FIELD,
+                format!(
+                    "vlanProto \"802.1ad\" is not supported by PF {} ({}, driver {driver}): its VFs take 802.1Q VLANs only (mlx5e_set_vf_vlan answers EPROTONOSUPPORT); use vlanProto \"802.1Q\"",
+                    v.pf_ifname, v.pf_pci
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rate pair to send when `given` are the configured
+/// `(min_tx_rate, max_tx_rate)` and `current` what the PF reports now:
+/// IFLA_VF_RATE always carries both, so the one not given keeps its current
+/// value (as `ip link set PF vf N max_tx_rate X` does). Refuses a pair with
+/// max below min (max 0 is "no limit"), naming the kept value.
+pub fn rate_pair(
+    given: (Option<u32>, Option<u32>),
+    current: (u32, u32),
+) -> Result<(u32, u32), String> {
+    let min = given.0.unwrap_or(current.0);
+    let max = given.1.unwrap_or(current.1);
+    if max != 0 && max < min {
+        let (field, value, other) = match given {
+            (Some(_), None) => (
+                "min_tx_rate",
+                min,
+                format!("the VF's current max_tx_rate {max}"),
+            ),
+            (None, Some(_)) => (
+                "max_tx_rate",
+                max,
+                format!("the VF's current min_tx_rate {min}"),
+            ),
+            _ => ("min_tx_rate", min, format!("max_tx_rate {max}")),
+        };
+        return Err(format!(
+            "{field} {value} conflicts with {other} (max must be 0 or at least min); give both"
+        ));
+    }
+    Ok((min, max))
+}
+
+/// `settings` with the rate pair completed from the VF's `current` state
+/// (read before any change).
+pub fn complete_rates(
+    settings: &[VfSetting],
+    conf: &NetConf,
+    current: &VfState,
+) -> Result<Vec<VfSetting>, CniError> {
+    settings
+        .iter()
+        .map(|s| match s {
+            VfSetting::Rate { .. } => rate_pair(
+                (conf.vf.min_tx_rate, conf.vf.max_tx_rate),
+                (current.min_tx_rate, current.max_tx_rate),
+            )
+            .map(|(min, max)| VfSetting::Rate { min, max })
+            .map_err(|e| CniError::new(code::INVALID_CONFIG, e)),
+            other => Ok(*other),
+        })
+        .collect()
 }
 
 /// Plans ADD. `rdma_mode` is what reading the host's RDMA netns mode gave
@@ -121,6 +205,9 @@ pub fn plan_add(
             code::INVALID_CONFIG,
             format!("{vf} has no PF: PF-side VF attributes cannot be set"),
         ));
+    }
+    if let Some(v) = vf.vf() {
+        refuse_unsupported_by_pf(&vf_settings, v)?;
     }
     let rdma_device = match (vf.rdma(), conf.rdma) {
         (_, RdmaPolicy::Never) => None,
@@ -198,6 +285,7 @@ mod tests {
             netdev: Some("ens1f0v0".into()),
             rdma: rdma.map(str::to_string),
             driver: Some("mlx5_core".into()),
+            pf_driver: Some("mlx5_core".into()),
         })
     }
 
@@ -256,6 +344,77 @@ mod tests {
         assert_eq!(steps.len(), 6 + 11 - 1);
         assert_eq!(steps[6], Step::DropAltnames);
         assert_eq!(*steps.last().unwrap(), Step::RecordMemlock);
+    }
+
+    #[test]
+    fn rate_pair_keeps_the_one_not_given() {
+        // Only max given: the current min stays (it used to be reset to 0).
+        assert_eq!(rate_pair((None, Some(500)), (100, 1000)), Ok((100, 500)));
+        assert_eq!(rate_pair((Some(200), None), (100, 1000)), Ok((200, 1000)));
+        assert_eq!(rate_pair((Some(1), Some(2)), (100, 1000)), Ok((1, 2)));
+        // max 0 is "no limit": any min goes.
+        assert_eq!(rate_pair((Some(300), None), (0, 0)), Ok((300, 0)));
+        assert_eq!(rate_pair((None, Some(0)), (700, 900)), Ok((700, 0)));
+        let e = rate_pair((None, Some(50)), (100, 1000)).unwrap_err();
+        assert!(
+            e.contains("max_tx_rate 50") && e.contains("current min_tx_rate 100"),
+            "{e}"
+        );
+        let e = rate_pair((Some(2000), None), (100, 1000)).unwrap_err();
+        assert!(
+            e.contains("min_tx_rate 2000") && e.contains("current max_tx_rate 1000"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn complete_rates_reads_the_current_pair() {
+        let c = conf(serde_json::json!({"max_tx_rate": 500, "spoofchk": "off"}));
+        let current = VfState {
+            min_tx_rate: 100,
+            max_tx_rate: 1000,
+            ..VfState::default()
+        };
+        let (p, _) = plan_add(&c, "net1", &vf(None), None).unwrap();
+        let done = complete_rates(&p.vf_settings, &c, &current).unwrap();
+        assert_eq!(
+            done,
+            vec![
+                VfSetting::Rate { min: 100, max: 500 },
+                VfSetting::Spoofchk { on: false }
+            ]
+        );
+        let low = conf(serde_json::json!({"max_tx_rate": 50}));
+        let (p, _) = plan_add(&low, "net1", &vf(None), None).unwrap();
+        let e = complete_rates(&p.vf_settings, &low, &current).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+    }
+
+    #[test]
+    fn dot1ad_refused_on_mlx5_pf_only() {
+        let c = conf(serde_json::json!({"vlan": 10, "vlanProto": "802.1ad"}));
+        let e = plan_add(&c, "net1", &vf(None), None).unwrap_err();
+        assert_eq!(e.code, code::UNSUPPORTED_FIELD);
+        for needle in [
+            "mlx5_core",
+            "ens1f0",
+            "0000:3b:00.0",
+            "vlanProto",
+            "802.1ad",
+        ] {
+            assert!(e.msg.contains(needle), "{needle}: {e}");
+        }
+        let Target::Vf(mut other) = vf(None) else {
+            unreachable!()
+        };
+        other.pf_driver = Some("ice".into());
+        let (p, _) = plan_add(&c, "net1", &Target::Vf(other.clone()), None).unwrap();
+        assert_eq!(p.vf_settings.len(), 1);
+        // An old claim's target without the PF driver is not refused.
+        other.pf_driver = None;
+        assert!(plan_add(&c, "net1", &Target::Vf(other), None).is_ok());
+        let q = conf(serde_json::json!({"vlan": 10, "vlanProto": "802.1Q"}));
+        assert!(plan_add(&q, "net1", &vf(None), None).is_ok());
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub struct VfTarget {
     pub netdev: Option<String>,
     pub rdma: Option<String>,
     pub driver: Option<String>,
+    /// The PF's driver (`device/driver` of the PF): what VF attributes the
+    /// PF accepts depends on it. Absent in claims written before it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pf_driver: Option<String>,
 }
 
 /// What identifies a device: its claim and lock files are named by it.
@@ -228,6 +232,7 @@ pub fn resolve(root: &HostRoot, pci: PciAddress) -> Result<VfTarget, VfError> {
         netdev: dev.netdevs.first().cloned(),
         rdma: dev.rdma_devices.first().cloned(),
         driver: dev.driver,
+        pf_driver: pf_dev.driver,
     })
 }
 
@@ -246,6 +251,7 @@ mod tests {
         assert_eq!(vf.netdev.as_deref(), Some("ens1f0v2"));
         assert!(vf.rdma.as_deref().unwrap().starts_with("mlx5_"));
         assert_eq!(vf.driver.as_deref(), Some("mlx5_core"));
+        assert_eq!(vf.pf_driver.as_deref(), Some("mlx5_core"));
     }
 
     #[test]

@@ -22,7 +22,7 @@ fn full_config(bed: &TestBed) -> Value {
     bed.config(json!({
         "mac": "02:aa:bb:cc:dd:01",
         "mtu": 9000,
-        "vlan": 100, "vlanQoS": 3, "vlanProto": "802.1ad",
+        "vlan": 100, "vlanQoS": 3, "vlanProto": "802.1Q",
         "spoofchk": "off", "trust": "on", "link_state": "enable",
         "min_tx_rate": 100, "max_tx_rate": 1000,
         "rdma": true,
@@ -96,7 +96,7 @@ fn add_check_del_round_trip() {
     // The PF side: each setting one message, in order, bytes as the kernel
     // expects them.
     let st = kit.vf.state("ens1f0", 0).unwrap();
-    assert_eq!((st.vlan, st.qos, st.proto), (100, 3, VlanProto::Dot1Ad));
+    assert_eq!((st.vlan, st.qos, st.proto), (100, 3, VlanProto::Dot1Q));
     assert_eq!(st.mac.to_string(), "02:aa:bb:cc:dd:01");
     assert_eq!((st.min_tx_rate, st.max_tx_rate), (100, 1000));
     assert_eq!(
@@ -106,8 +106,8 @@ fn add_check_del_round_trip() {
     assert_eq!(kit.vf.sent.len(), 6);
     assert_eq!(
         hex(&kit.vf.sent[1].payload),
-        "00 00 00 00 04 00 00 00 00 00 00 00 00 00 00 00 20 00 16 00 1c 00 01 00 18 00 0c 00 14 00 01 00 \
-         00 00 00 00 64 00 00 00 03 00 00 00 88 a8 00 00"
+        "00 00 00 00 04 00 00 00 00 00 00 00 00 00 00 00 18 00 16 00 14 00 01 00 10 00 02 00 \
+         00 00 00 00 64 00 00 00 03 00 00 00"
     );
     // RDMA: moved into the pod netns with SET{DEV_INDEX 7, NET_NS_FD}.
     assert_eq!(kit.rdma.netns_of(&dev), Some(bed.pod.open().unwrap().id()));
@@ -423,6 +423,159 @@ fn rdma_flows_from_the_host(bed: &TestBed) {
     assert_rdma_sent_from(&kit, mark, pod, "GC");
     back_home(&kit, "GC");
     assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
+/// IFLA_VF_RATE carries both rates: a config with only `max_tx_rate`
+/// keeps the VF's current min rate (as iproute2 does), DEL puts both back,
+/// and a max below the kept min is refused before any change.
+#[test]
+fn max_rate_alone_keeps_the_current_min_rate() {
+    if skip_without_netns("max_rate_alone_keeps_the_current_min_rate") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    kit.vf
+        .vfs
+        .get_mut(&("ens1f0".to_string(), 0))
+        .unwrap()
+        .min_tx_rate = 100;
+    kit.vf
+        .vfs
+        .get_mut(&("ens1f0".to_string(), 0))
+        .unwrap()
+        .max_tx_rate = 1000;
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let host_before = bed.host.links().unwrap();
+
+    let low = bed.config(json!({"rdma": false, "max_tx_rate": 50}));
+    let e = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "c1", "net1"),
+            &low,
+        )
+        .err();
+    assert_eq!(e.code, code::INVALID_CONFIG, "{e}");
+    assert!(
+        e.msg.contains("max_tx_rate 50") && e.msg.contains("min_tx_rate 100"),
+        "{e}"
+    );
+    assert!(kit.vf.sent.is_empty(), "{:?}", kit.vf.sent);
+    assert_eq!(bed.host.links().unwrap(), host_before);
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+
+    let cfg = bed.config(json!({"rdma": false, "max_tx_rate": 500}));
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    let st = kit.vf.state("ens1f0", 0).unwrap();
+    assert_eq!((st.min_tx_rate, st.max_tx_rate), (100, 500));
+    assert_eq!(kit.vf.sent.len(), 1);
+    // IFLA_VF_RATE { vf 0, min 100, max 500 } on PF ifindex 4.
+    assert_eq!(
+        hex(&kit.vf.sent[0].payload[16..]),
+        "18 00 16 00 14 00 01 00 10 00 06 00 00 00 00 00 64 00 00 00 f4 01 00 00"
+    );
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+    assert_eq!(bed.host.links().unwrap(), host_before);
+}
+
+/// mlx5_core takes 802.1Q VF VLANs only (mlx5e_set_vf_vlan answers
+/// EPROTONOSUPPORT): 802.1ad on a ConnectX PF is refused before any change,
+/// naming the driver, the PF and the field; another driver's PF gets it.
+#[test]
+fn dot1ad_on_a_connectx_pf_is_refused_before_any_change() {
+    if skip_without_netns("dot1ad_on_a_connectx_pf_is_refused_before_any_change") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = kit_with_rdma(&bed);
+    let host_before = bed.host.links().unwrap();
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let cfg = bed.config(json!({
+        "rdma": true, "mac": "02:aa:bb:cc:dd:01", "spoofchk": "off",
+        "vlan": 100, "vlanProto": "802.1ad", "memlock": "1Gi"
+    }));
+    let e = bed
+        .call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "c1", "net1"),
+            &cfg,
+        )
+        .err();
+    assert_eq!(e.code, code::UNSUPPORTED_FIELD, "{e}");
+    for needle in [
+        "vlanProto",
+        "802.1ad",
+        "mlx5_core",
+        "ens1f0",
+        "0000:3b:00.0",
+    ] {
+        assert!(e.msg.contains(needle), "{needle}: {e}");
+    }
+    assert!(kit.vf.sent.is_empty(), "PF touched: {:?}", kit.vf.sent);
+    assert!(
+        kit.rdma.moves().is_empty(),
+        "RDMA touched: {:?}",
+        kit.rdma.calls
+    );
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+    assert_eq!(bed.host.links().unwrap(), host_before);
+    assert_eq!(bed.pod.links().unwrap().len(), 1);
+    assert!(bed.leases().is_empty());
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+
+    // The same PF bound to a driver that takes 802.1ad (ice): sent as
+    // IFLA_VF_VLAN_LIST with the 802.1ad ethertype.
+    let driver_link = bed
+        .fixture
+        .root()
+        .pci_devices()
+        .join("0000:3b:00.0")
+        .join("driver");
+    let mlx5 = std::fs::read_link(&driver_link).unwrap();
+    let ice = mlx5.with_file_name("ice");
+    std::fs::create_dir_all(driver_link.parent().unwrap().join(&ice)).unwrap();
+    std::fs::remove_file(&driver_link).unwrap();
+    std::os::unix::fs::symlink(&ice, &driver_link).unwrap();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    let st = kit.vf.state("ens1f0", 0).unwrap();
+    assert_eq!((st.vlan, st.proto), (100, VlanProto::Dot1Ad));
+    assert!(
+        kit.vf.sent.iter().any(|s| hex(&s.payload)
+            .ends_with("18 00 0c 00 14 00 01 00 00 00 00 00 64 00 00 00 00 00 00 00 88 a8 00 00")),
+        "{:?}",
+        kit.vf.sent
+    );
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+    assert_eq!(bed.host.links().unwrap(), host_before);
 }
 
 #[test]

@@ -126,6 +126,15 @@ pub fn add(
                 ));
             }
         };
+        // IFLA_VF_RATE carries both rates: the one not configured keeps
+        // the VF's current value, read above before any change.
+        let plan = match &original_vf {
+            Some(cur) => AddPlan {
+                vf_settings: crate::plan::complete_rates(&plan.vf_settings, conf, cur)?,
+                ..plan
+            },
+            None => plan,
+        };
         let claim = Claim {
             version: 1,
             vf: vf.clone(),
