@@ -69,8 +69,10 @@ struct Cli {
     #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     rescan_ms: u64,
 
-    /// Log filter: error, warn, info, debug, trace, or a tracing directive
-    /// [default: $RUST_LOG, else info].
+    /// Log level for kroce's own crates (error, warn, info, debug, trace;
+    /// other crates stay at info or quieter), or a full tracing filter such
+    /// as "info,h2=debug" (anything with '=' or ',') used as it is
+    /// [default: $RUST_LOG as a filter, else info].
     #[arg(long, global = true, env = "KROCE_LOG_LEVEL")]
     log_level: Option<String>,
 
@@ -110,13 +112,15 @@ impl Cli {
 }
 
 fn init_logs(cli: &Cli) -> anyhow::Result<()> {
-    let level = cli
-        .log_level
-        .clone()
-        .or_else(|| std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| "info".into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&level)
-        .with_context(|| format!("bad log level {level:?}"))?;
+    // A level applies to kroce's crates only (debug must not turn on h2's
+    // frame logs); a full filter, or RUST_LOG, is used as it is.
+    let directives = match (&cli.log_level, std::env::var("RUST_LOG")) {
+        (Some(level), _) => kroce_contracts::log::env_filter_directives(level)?,
+        (None, Ok(filter)) if !filter.is_empty() => filter,
+        (None, _) => kroce_contracts::log::env_filter_directives("info")?,
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .with_context(|| format!("bad log filter {directives:?}"))?;
     // No colour codes in container logs.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

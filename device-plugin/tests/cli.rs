@@ -119,8 +119,81 @@ fn help_names_every_root_flag() {
         "--cdi-dir",
         "--cdi",
         "--log-level",
+        "--pod-resources-socket",
         "discover",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
+}
+
+/// `KROCE_LOG_LEVEL=debug` is debug for kroce's crates, not for h2, hyper
+/// and tower (one registration used to print ~90 lines of HTTP/2 frames).
+/// Runs the real binary against the kubelet stand-ins until SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_level_is_for_kroce_crates_only() {
+    use kroce_device_plugin::testing::{KubeletStandIn, PodResourcesStandIn};
+    use std::time::Duration;
+    let (_d, fx) = fixture();
+    let work = scratch_dir("kroce-cli-").unwrap();
+    let cfg = write_config(work.path());
+    let kubelet_dir = work.path().join("kubelet");
+    std::fs::create_dir_all(&kubelet_dir).unwrap();
+    let kubelet = KubeletStandIn::start(&kubelet_dir).await.unwrap();
+    let pr_sock = work.path().join("pod-resources/kubelet.sock");
+    let mut pods = PodResourcesStandIn::start(&pr_sock).await.unwrap();
+    let stderr_path = work.path().join("stderr");
+    let child = std::process::Command::new(BIN)
+        .env("KROCE_LOG_LEVEL", "debug")
+        .env_remove("RUST_LOG")
+        .arg("--host-root")
+        .arg(fx.path())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .arg("--pod-resources-socket")
+        .arg(&pr_sock)
+        .arg("--devinfo-dir")
+        .arg(work.path().join("devinfo"))
+        .args(["--rescan-ms", "200"])
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    kubelet
+        .wait_devices("rdma/vf", Duration::from_secs(10), "VF list", |d| {
+            d.len() == 8
+        })
+        .await
+        .unwrap();
+    // A few PodResources rounds too.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let log = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(out.status.success(), "{:?}\n{log}", out.status);
+    assert!(log.contains("DEBUG"), "no kroce debug line:\n{log}");
+    assert!(log.contains("ListAndWatch stream opened"), "{log}");
+    let foreign: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            ["h2::", "hyper", "tower", "tonic::"]
+                .iter()
+                .any(|c| l.contains(c))
+        })
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "{} lines from other crates:\n{}",
+        foreign.len(),
+        foreign.join("\n")
+    );
+    pods.stop().await;
+    kubelet.stop().await;
 }
