@@ -14,7 +14,9 @@ use crate::agent::dcb::Dcb;
 use kroce_admission::doctor::{
     self, CheckResult, DoctorOptions, DoctorReport, MemlockLimit, NetState, Status,
 };
+use kroce_nri::Memlock;
 use kroce_nri::reachability::{NriStatus, nri_reachable};
+use kroce_nri::status::{StatusError, StatusFile};
 use sriov_helpers::{Host, HostRoot};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -26,6 +28,12 @@ pub const NRI_CHECK: &str = "nri";
 const RUNTIMES: &[&str] = &["containerd", "crio", "dockerd"];
 /// The NRI socket under the host root when not given.
 pub const DEFAULT_NRI_SOCKET: &str = "var/run/nri/nri.sock";
+/// Name of the check on what the runtime let kroce-nri grant (table, JSON;
+/// node condition `MemlockGrantedByRuntime`).
+pub const NRI_MEMLOCK_CHECK: &str = "nriMemlockGranted";
+/// kroce-nri's status file under the host root when not given
+/// (`<kroce-cni state dir>/nri-status.json`, see `kroce_nri::status`).
+pub const DEFAULT_NRI_STATUS: &str = "var/lib/cni/kroce/nri-status.json";
 
 /// What only the running kernel can tell.
 pub trait LiveNet {
@@ -182,6 +190,136 @@ pub fn report(
     r
 }
 
+/// Whether the runtime let kroce-nri grant the memlock RDMA containers asked
+/// for, from kroce-nri's status file (`status`, read from `path`). Fails
+/// naming the values when a request was capped at the runtime's hard limit
+/// (the runtime cannot raise it: no `CAP_SYS_RESOURCE`, or a user
+/// namespace); warns when that would happen to any request above it.
+/// `proc` is the host's /proc, to notice a status left by a runtime that is
+/// gone.
+pub fn nri_memlock_check(
+    status: Result<Option<StatusFile>, StatusError>,
+    path: &Path,
+    proc: &Path,
+) -> CheckResult {
+    const RAISE_HINT: &str = "raise the container runtime's own memlock limit so it can grant more: systemd: `systemctl edit containerd` (or crio), [Service] LimitMEMLOCK=infinity, then restart it; or run the runtime with CAP_SYS_RESOURCE outside a user namespace";
+    let result = |status, evidence: String, hint: Option<&str>| CheckResult {
+        name: NRI_MEMLOCK_CHECK.into(),
+        subject: "node".into(),
+        status,
+        evidence,
+        hint: hint.map(str::to_string),
+    };
+    let s = match status {
+        Err(err) => {
+            return result(
+                Status::Warn,
+                format!("kroce-nri status unreadable: {err}"),
+                None,
+            );
+        }
+        Ok(None) => {
+            return result(
+                Status::Skip,
+                format!(
+                    "no kroce-nri status at {} (kroce-nri not running or not connected to the runtime yet)",
+                    path.display()
+                ),
+                None,
+            );
+        }
+        Ok(Some(s)) => s,
+    };
+    let Some(rt) = s.runtime else {
+        let why = s
+            .runtime_error
+            .unwrap_or_else(|| "no reason recorded".into());
+        return result(
+            Status::Warn,
+            format!(
+                "kroce-nri cannot tell what the runtime can grant ({why}); memlock is sent as requested, which fails RDMA containers if the runtime cannot raise its hard limit"
+            ),
+            Some("run kroce-nri in the host PID namespace (hostPID: true) with the host's /proc"),
+        );
+    };
+    if !proc.join(rt.pid.to_string()).exists() {
+        return result(
+            Status::Skip,
+            format!(
+                "kroce-nri status at {} describes runtime pid {}, which is gone (kroce-nri not reconnected yet?)",
+                path.display(),
+                rt.pid
+            ),
+            None,
+        );
+    }
+    let runtime = match (s.runtime_name.as_str(), s.runtime_version.as_str()) {
+        ("", _) => format!("the runtime (pid {})", rt.pid),
+        (name, "") => format!("{name} (pid {})", rt.pid),
+        (name, version) => format!("{name} {version} (pid {})", rt.pid),
+    };
+    if rt.can_raise() || rt.memlock_hard == Memlock::Unlimited {
+        return result(
+            Status::Pass,
+            format!(
+                "{runtime} can grant any memlock (CAP_SYS_RESOURCE: {}, hard limit {})",
+                rt.cap_sys_resource,
+                show(rt.memlock_hard)
+            ),
+            None,
+        );
+    }
+    let why = if rt.cap_sys_resource {
+        "runs in a user namespace"
+    } else {
+        "lacks CAP_SYS_RESOURCE"
+    };
+    match s.last_capped {
+        Some(c) => result(
+            Status::Fail,
+            format!(
+                "{runtime} {why} and its memlock hard limit is {}: kroce-nri capped {} request(s) at it; last: container {}{} asked for {}, got {}",
+                show(rt.memlock_hard),
+                s.capped_count,
+                c.container,
+                if c.pod.is_empty() {
+                    String::new()
+                } else {
+                    format!(" of pod {}", c.pod)
+                },
+                show(c.requested),
+                show(c.granted),
+            ),
+            Some(RAISE_HINT),
+        ),
+        None => result(
+            Status::Warn,
+            format!(
+                "{runtime} {why} and its memlock hard limit is {}: RDMA containers asking for more get {} (none so far)",
+                show(rt.memlock_hard),
+                show(rt.memlock_hard)
+            ),
+            Some(RAISE_HINT),
+        ),
+    }
+}
+
+/// `unlimited` or bytes with MiB for reading.
+fn show(m: Memlock) -> String {
+    match m {
+        Memlock::Unlimited => "unlimited".into(),
+        Memlock::Bytes(b) if b >= 1 << 20 && b % (1 << 20) == 0 => {
+            format!("{} MiB ({b} bytes)", b >> 20)
+        }
+        Memlock::Bytes(b) => format!("{b} bytes"),
+    }
+}
+
+/// kroce-nri's status file: the given path, else the default under the host root.
+pub fn nri_status_path(host_root: &Path, given: Option<&Path>) -> PathBuf {
+    given.map_or_else(|| host_root.join(DEFAULT_NRI_STATUS), Path::to_path_buf)
+}
+
 /// The NRI socket: the given path, else the default under the host root.
 pub fn nri_socket(host_root: &Path, given: Option<&Path>) -> PathBuf {
     given.map_or_else(|| host_root.join(DEFAULT_NRI_SOCKET), Path::to_path_buf)
@@ -205,6 +343,9 @@ pub struct DoctorArgs {
     /// The runtime's NRI socket [default: <host-root>/var/run/nri/nri.sock].
     #[arg(long)]
     pub nri_socket: Option<PathBuf>,
+    /// kroce-nri's status file [default: <host-root>/var/lib/cni/kroce/nri-status.json].
+    #[arg(long)]
+    pub nri_status: Option<PathBuf>,
     /// Read addresses, PFC state and memlock from this JSON file (a
     /// NetState) instead of asking this host's kernel.
     #[arg(long)]
@@ -234,6 +375,7 @@ impl DoctorArgs {
                 pf_names: self.pfs.clone(),
             },
             nri_socket: nri_socket(host_root, self.nri_socket.as_deref()),
+            nri_status: nri_status_path(host_root, self.nri_status.as_deref()),
             net_state: self.net_state.as_deref().map(read_net_state).transpose()?,
             firewall_ruleset,
         })
@@ -246,6 +388,8 @@ pub struct DoctorConfig {
     pub root: HostRoot,
     pub options: DoctorOptions,
     pub nri_socket: PathBuf,
+    /// kroce-nri's status file (what the runtime let it grant).
+    pub nri_status: PathBuf,
     /// Use this instead of asking the live kernel (captured elsewhere, or tests).
     pub net_state: Option<NetState>,
     /// Use this ruleset instead of running nft / iptables-save.
@@ -287,7 +431,13 @@ pub fn run(cfg: &DoctorConfig, live: &dyn LiveNet) -> Result<DoctorReport, Docto
         net.firewall_ruleset = Some(r.clone());
     }
     let nri = nri_reachable(&cfg.nri_socket);
-    Ok(report(&host, &cfg.root, &net, &cfg.options, &nri))
+    let mut r = report(&host, &cfg.root, &net, &cfg.options, &nri);
+    r.checks.push(nri_memlock_check(
+        kroce_nri::status::read(&cfg.nri_status),
+        &cfg.nri_status,
+        cfg.root.proc(),
+    ));
+    Ok(r)
 }
 
 #[cfg(test)]
@@ -327,6 +477,94 @@ mod tests {
         let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let c = nri_check(&nri_reachable(&path), Some(&ml(Status::Fail)));
         assert_eq!((c.status, c.hint), (Status::Pass, None));
+    }
+
+    /// kroce-nri's status file → the check (issue 10, item 5): a capped
+    /// request fails naming the runtime, its limit and the values.
+    #[test]
+    fn nri_memlock_check_reports_capped_requests() {
+        use kroce_nri::runtime::RuntimeLimits;
+        use kroce_nri::status::{CappedRequest, STATUS_VERSION};
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc.path().join("1234")).unwrap();
+        let path = Path::new("/host/var/lib/cni/kroce/nri-status.json");
+        let eight = Memlock::Bytes(8 << 20);
+        let limits = RuntimeLimits {
+            pid: 1234,
+            cap_sys_resource: false,
+            initial_user_namespace: true,
+            memlock_soft: eight,
+            memlock_hard: eight,
+        };
+        let status = |runtime: Option<RuntimeLimits>, capped: bool| StatusFile {
+            version: STATUS_VERSION,
+            runtime_name: "containerd".into(),
+            runtime_version: "2.1.9".into(),
+            runtime,
+            last_capped: capped.then(|| CappedRequest {
+                container: "ctr-1".into(),
+                pod: "default/rdma-app".into(),
+                requested: Memlock::Unlimited,
+                granted: eight,
+                at: 1,
+            }),
+            capped_count: u64::from(capped),
+            ..Default::default()
+        };
+        let check = |s| nri_memlock_check(Ok(Some(s)), path, proc.path());
+
+        let c = check(status(Some(limits), true));
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert_eq!(c.name, NRI_MEMLOCK_CHECK);
+        for want in [
+            "containerd 2.1.9 (pid 1234)",
+            "lacks CAP_SYS_RESOURCE",
+            "8 MiB (8388608 bytes)",
+            "container ctr-1 of pod default/rdma-app asked for unlimited, got 8 MiB",
+        ] {
+            assert!(c.evidence.contains(want), "{want:?} not in {}", c.evidence);
+        }
+        assert!(c.hint.unwrap().contains("LimitMEMLOCK=infinity"));
+
+        let c = check(status(Some(limits), false));
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.evidence.contains("asking for more get 8 MiB"),
+            "{}",
+            c.evidence
+        );
+
+        let rootless = RuntimeLimits {
+            cap_sys_resource: true,
+            initial_user_namespace: false,
+            ..limits
+        };
+        let c = check(status(Some(rootless), true));
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.evidence.contains("runs in a user namespace"),
+            "{}",
+            c.evidence
+        );
+
+        let can = RuntimeLimits {
+            cap_sys_resource: true,
+            ..limits
+        };
+        assert_eq!(check(status(Some(can), false)).status, Status::Pass);
+
+        let mut unknown = status(None, false);
+        unknown.runtime_error = Some("SO_PEERCRED gave 0".into());
+        let c = check(unknown);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.evidence.contains("SO_PEERCRED gave 0") && c.hint.unwrap().contains("hostPID"));
+
+        // A runtime that is gone: the file is stale, not evidence.
+        let gone = RuntimeLimits { pid: 999, ..limits };
+        assert_eq!(check(status(Some(gone), true)).status, Status::Skip);
+        let c = nri_memlock_check(Ok(None), path, proc.path());
+        assert_eq!(c.status, Status::Skip);
+        assert!(c.evidence.contains("nri-status.json"));
     }
 
     #[test]

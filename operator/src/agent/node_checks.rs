@@ -1,5 +1,7 @@
 //! Node conditions beyond applying the spec, added to each report:
-//! `NriReachable` (with what the admin can do when it is not), the doctor
+//! `NriReachable` (with what the admin can do when it is not),
+//! `MemlockGrantedByRuntime` (from kroce-nri's status file: False when a
+//! request was capped at the runtime's hard limit), the doctor
 //! checks that decide whether RDMA works on the node (`RdmaLinkActive`,
 //! `RoceV2GidPresent`, `RdmaMtuConsistent`, `PfcConfigured`, `EcnEnabled`,
 //! `MemlockSufficient`), and `RdmaFabricCongestion` when PFC pause frames
@@ -16,6 +18,8 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 pub const NRI_CONDITION: &str = "NriReachable";
+/// From kroce-nri's status file; absent while there is none.
+pub const NRI_MEMLOCK_CONDITION: &str = "MemlockGrantedByRuntime";
 
 /// Doctor check -> node condition type (the checks that decide whether
 /// RDMA works; irqbalance has its own condition already).
@@ -27,6 +31,7 @@ pub const CHECK_CONDITIONS: &[(&str, &str)] = &[
     (names::ECN, "EcnEnabled"),
     (names::MEMLOCK, "MemlockSufficient"),
     (names::IRQ_NUMA, "IrqsNumaLocal"),
+    (crate::doctor::NRI_MEMLOCK_CHECK, NRI_MEMLOCK_CONDITION),
 ];
 
 /// The node agent's flags for these checks and its counters.
@@ -35,6 +40,9 @@ pub struct NodeCheckArgs {
     /// The runtime's NRI socket [default: <host-root>/var/run/nri/nri.sock].
     #[arg(long)]
     pub nri_socket: Option<PathBuf>,
+    /// kroce-nri's status file [default: <host-root>/var/lib/cni/kroce/nri-status.json].
+    #[arg(long)]
+    pub nri_status: Option<PathBuf>,
     /// RdmaFabricCongestion when PFC pause frames of a port grow faster (per second).
     #[arg(long, default_value_t = 1000.0)]
     pub max_pause_frames_per_sec: f64,
@@ -67,6 +75,7 @@ impl NodeCheckArgs {
         NodeChecks::new(
             NodeChecksConfig {
                 nri_socket: crate::doctor::nri_socket(host_root, self.nri_socket.as_deref()),
+                nri_status: crate::doctor::nri_status_path(host_root, self.nri_status.as_deref()),
                 congestion: CongestionLimits {
                     max_pause_frames_per_sec: self.max_pause_frames_per_sec,
                     max_discards_per_sec: self.max_discards_per_sec,
@@ -86,6 +95,8 @@ impl NodeCheckArgs {
 #[derive(Debug, Clone)]
 pub struct NodeChecksConfig {
     pub nri_socket: PathBuf,
+    /// kroce-nri's status file.
+    pub nri_status: PathBuf,
     pub congestion: CongestionLimits,
 }
 
@@ -213,6 +224,17 @@ impl NodeChecks {
         let host = Host::scan(&root);
         let nri = nri_reachable(&self.config.nri_socket);
         let mut out = vec![nri_condition(&nri)];
+        let granted = crate::doctor::nri_memlock_check(
+            kroce_nri::status::read(&self.config.nri_status),
+            &self.config.nri_status,
+            root.proc(),
+        );
+        // No status file (kroce-nri not deployed or not connected): no condition.
+        if granted.status != Status::Skip {
+            out.extend(doctor_conditions(&DoctorReport {
+                checks: vec![granted],
+            }));
+        }
         if let Some(opts) = doctor_options(spec) {
             let net = net_state(status, ipv4, &root);
             let report = crate::doctor::report(&host, &root, &net, &opts, &nri);
@@ -308,6 +330,7 @@ mod tests {
         NodeChecks::new(
             NodeChecksConfig {
                 nri_socket: nri,
+                nri_status: fx.path().join(crate::doctor::DEFAULT_NRI_STATUS),
                 congestion: CongestionLimits {
                     max_pause_frames_per_sec: 100.0,
                     max_discards_per_sec: 10.0,
@@ -459,6 +482,53 @@ mod tests {
         let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 2);
         let c = find(&cs, NRI_CONDITION);
         assert!(c.is_true() && c.reason == "Reachable");
+    }
+
+    /// kroce-nri capped a request at the runtime's hard limit: the node says
+    /// so, naming the values (issue 10, item 5).
+    #[test]
+    fn memlock_granted_condition_from_the_nri_status_file() {
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut nc = checks(&fx, Arc::new(NoEthtool), dir.path().join("nri.sock"));
+        let none = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 1);
+        assert!(
+            !none.iter().any(|c| c.type_ == NRI_MEMLOCK_CONDITION),
+            "no status file, no condition"
+        );
+        write(&fx.path().join("proc/812/comm"), "containerd\n");
+        write(
+            &fx.path().join(crate::doctor::DEFAULT_NRI_STATUS),
+            r#"{"version":1,"updatedAt":1,"runtimeName":"containerd","runtimeVersion":"2.1.9",
+                "runtime":{"pid":812,"capSysResource":false,"initialUserNamespace":true,
+                           "memlockSoft":"8388608","memlockHard":"8388608"},
+                "lastCapped":{"container":"ctr-1","pod":"default/rdma-app","requested":"unlimited",
+                              "granted":"8388608","at":1},
+                "cappedCount":2}"#,
+        );
+        let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 2);
+        let c = find(&cs, NRI_MEMLOCK_CONDITION);
+        assert_eq!(c.status, ConditionStatus::False, "{c:?}");
+        for want in [
+            "containerd 2.1.9 (pid 812)",
+            "lacks CAP_SYS_RESOURCE",
+            "capped 2 request(s)",
+            "asked for unlimited, got 8 MiB",
+            "LimitMEMLOCK=infinity",
+        ] {
+            assert!(c.message.contains(want), "{want:?} not in {}", c.message);
+        }
+        // Also when kroce configures nothing on the node: pods still get capped.
+        let cs = nc.conditions(
+            &RdmaNodeStateSpec::default(),
+            &RdmaNodeStateStatus::default(),
+            BTreeMap::new(),
+            3,
+        );
+        assert_eq!(
+            find(&cs, NRI_MEMLOCK_CONDITION).status,
+            ConditionStatus::False
+        );
     }
 
     #[test]
