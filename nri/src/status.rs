@@ -127,6 +127,11 @@ impl StatusSink for StatusPath {
             source,
         })?;
         bytes.push(b'\n');
+        // kroce-cni creates the state dir on its first ADD, which may come
+        // after the plugin's first write.
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        }
         let tmp = path.with_extension("json.tmp");
         let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
         file.write_all(&bytes).map_err(io_err(&tmp))?;
@@ -269,11 +274,22 @@ mod tests {
         assert!(err.to_string().contains("version 2"), "{err}");
     }
 
+    /// Seen with a real containerd: the plugin connects (and writes) before
+    /// kroce-cni's first ADD creates the state dir.
+    #[test]
+    fn missing_state_dir_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = StatusPath::in_state_dir(&dir.path().join("kroce-state"));
+        sink.write(&sample()).unwrap();
+        assert_eq!(read(&sink.0).unwrap(), Some(sample()));
+    }
+
     #[test]
     fn unwritable_directory_is_an_error_naming_the_path() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = StatusPath(dir.path().join("missing-dir").join(STATUS_FILE));
+        std::fs::write(dir.path().join("a-file"), "").unwrap();
+        let sink = StatusPath(dir.path().join("a-file").join(STATUS_FILE));
         let err = sink.write(&sample()).unwrap_err();
-        assert!(err.to_string().contains("missing-dir"), "{err}");
+        assert!(err.to_string().contains("a-file"), "{err}");
     }
 }
