@@ -2,7 +2,9 @@
 //! The committed CRD YAML must be exactly what the Rust types generate, and
 //! the schema must carry the validation the admin relies on.
 
-use kroce_operator::crd::{RdmaNetwork, RdmaNodeState, crds_yaml};
+use kroce_operator::crd::{
+    RdmaNetwork, RdmaNodeState, crds_yaml, rdma_network_crd, rdma_node_state_crd,
+};
 use kube::CustomResourceExt;
 use std::path::PathBuf;
 
@@ -27,7 +29,7 @@ fn committed_crds_match_generated() {
 }
 
 fn network_schema() -> serde_json::Value {
-    let crd = serde_json::to_value(RdmaNetwork::crd()).unwrap();
+    let crd = serde_json::to_value(rdma_network_crd()).unwrap();
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
 }
 
@@ -131,7 +133,7 @@ fn read_yaml(rel: &str) -> serde_json::Value {
 /// The RdmaNetwork CRD's `x-kubernetes-validations`, evaluated by a CEL
 /// interpreter with Kubernetes semantics, as the API server would.
 fn cel_errors(obj: &serde_json::Value) -> Vec<String> {
-    let crd = serde_json::to_value(RdmaNetwork::crd()).unwrap();
+    let crd = serde_json::to_value(rdma_network_crd()).unwrap();
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
     match kube::core::cel::Validator::new().validate(schema, obj, None) {
         Ok(()) => vec![],
@@ -187,4 +189,183 @@ fn cel_rules_reject_what_the_controller_rejects() {
     }
     let ok = network(serde_json::json!({"nicSelector": {"pfNames": ["ens1f0#0-3"]}, "numVfs": 8}));
     assert_eq!(cel_errors(&ok), Vec::<String>::new());
+}
+
+/// Every `format` in both CRDs is one the API server knows: schemars'
+/// uint8..uint64 made every apply print "unrecognized format" warnings.
+#[test]
+fn crds_carry_only_formats_the_api_server_knows() {
+    fn formats(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(f) = m.get("format").and_then(|f| f.as_str()) {
+                    out.push(format!("{path}: {f}"));
+                }
+                for (k, v) in m {
+                    formats(v, &format!("{path}.{k}"), out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    formats(v, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    // k8s.io/kube-openapi's known formats that schemars can produce.
+    let known = [
+        "int32",
+        "int64",
+        "float",
+        "double",
+        "date-time",
+        "date",
+        "byte",
+    ];
+    let mut found = Vec::new();
+    for crd in [rdma_network_crd(), rdma_node_state_crd()] {
+        formats(&serde_json::to_value(crd).unwrap(), "", &mut found);
+    }
+    let unknown: Vec<&String> = found
+        .iter()
+        .filter(|f| !known.iter().any(|k| f.ends_with(&format!(": {k}"))))
+        .collect();
+    assert!(unknown.is_empty(), "{unknown:#?}");
+    // The ranges stay.
+    let props = &network_schema()["properties"];
+    assert_eq!(num(&props["vlan"]["minimum"]), 0.0);
+    assert_eq!(num(&props["numVfs"]["maximum"]), 4096.0);
+    assert!(props["vlan"].get("format").is_none(), "{}", props["vlan"]);
+    let yaml = crds_yaml().unwrap();
+    assert!(
+        !yaml.contains("format: uint"),
+        "the shipped YAML still has uint formats"
+    );
+}
+
+/// Inputs the API server admitted and that broke later: the schema (CEL as
+/// the API server evaluates it) and the controller's validation must both
+/// refuse them, each naming the field; good ones pass both.
+#[test]
+fn schema_and_controller_agree_on_what_broke_later() {
+    let long = "n".repeat(64);
+    // (case, name, spec, the field the controller names, a piece of the CEL message)
+    let bad = [
+        (
+            "name longer than 63",
+            long.as_str(),
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4}),
+            "metadata.name",
+            "metadata.name must be at most 63",
+        ),
+        (
+            "namespace not a DNS label",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "networkNamespaces": ["team-a", "Team_B"]}),
+            "spec.networkNamespaces[1]",
+            "networkNamespaces entries must be namespace names",
+        ),
+        (
+            "vlanQoS without vlan",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4, "vlanQoS": 3}),
+            "spec.vlanQoS",
+            "vlanQoS needs a non-zero vlan",
+        ),
+        (
+            "vlanQoS with vlan 0",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4, "vlan": 0, "vlanQoS": 3}),
+            "spec.vlanQoS",
+            "vlanQoS needs a non-zero vlan",
+        ),
+        (
+            "VF range beyond numVfs",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0", "ens1f1#2-9"]}, "numVfs": 8}),
+            "spec.nicSelector.pfNames[1]",
+            "nicSelector.pfNames uses a VF index at or above numVfs",
+        ),
+        (
+            "VF list beyond numVfs",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0#0,8"]}, "numVfs": 8}),
+            "spec.nicSelector.pfNames[0]",
+            "nicSelector.pfNames uses a VF index at or above numVfs",
+        ),
+        (
+            "malformed pfNames entry",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0#x"]}, "numVfs": 8}),
+            "spec.nicSelector.pfNames[0]",
+            "pfNames entries are a netdev name",
+        ),
+        (
+            "empty nicSelector",
+            "n",
+            serde_json::json!({"nicSelector": {}, "numVfs": 4}),
+            "spec.nicSelector",
+            "nicSelector is empty",
+        ),
+        (
+            "nicSelector with only empty lists",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": [], "ifNames": []}, "numVfs": 4}),
+            "spec.nicSelector",
+            "nicSelector is empty",
+        ),
+        (
+            "ipam subnet not a CIDR",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "ipam": {"type": "host-local", "subnet": "10.56.0.0/33"}}),
+            "spec.ipam.subnet",
+            "ipam.subnet must be a CIDR",
+        ),
+        (
+            "ipam subnet without a prefix",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "ipam": {"type": "host-local", "subnet": "10.56.0.1"}}),
+            "spec.ipam.subnet",
+            "ipam.subnet must be a CIDR",
+        ),
+    ];
+    for (case, name, spec, field, message) in bad {
+        let mut obj = network(spec.clone());
+        obj["metadata"]["name"] = name.into();
+        let errs = cel_errors(&obj);
+        assert!(
+            errs.iter().any(|e| e.contains(message)),
+            "{case}: the schema should say {message:?}, got {errs:?}"
+        );
+        let parsed: kroce_operator::crd::RdmaNetworkSpec = serde_json::from_value(spec).unwrap();
+        let ctl = kroce_operator::plan::validate_network(name, &parsed).unwrap_err();
+        assert!(
+            ctl.iter().any(|e| e.field == field),
+            "{case}: the controller should name {field}, got {ctl:?}"
+        );
+    }
+    let good = [
+        serde_json::json!({"nicSelector": {"pfNames": ["ens1f0#0-3,6-7", "ens2f0"]}, "numVfs": 8,
+                           "networkNamespaces": ["default", "team-a"], "vlan": 100, "vlanQoS": 3,
+                           "ipam": {"type": "host-local", "subnet": "10.56.0.0/16"}}),
+        serde_json::json!({"nicSelector": {"vendor": "15b3"}, "numVfs": 4,
+                           "ipam": {"type": "whereabouts", "range": "fd00::/64"}}),
+        serde_json::json!({"nicSelector": {"ifNames": ["kvf0"]},
+                           "ipam": {"type": "host-local", "subnet": "fd00:1::/64"}}),
+    ];
+    let name63 = "n".repeat(63);
+    for spec in good {
+        let mut obj = network(spec.clone());
+        obj["metadata"]["name"] = name63.as_str().into();
+        assert_eq!(cel_errors(&obj), Vec::<String>::new(), "{spec}");
+        let parsed: kroce_operator::crd::RdmaNetworkSpec = serde_json::from_value(spec).unwrap();
+        assert_eq!(
+            kroce_operator::plan::validate_network(&name63, &parsed),
+            Ok(())
+        );
+    }
 }
