@@ -78,6 +78,58 @@ fn add_check_del_in_each_spec_version() {
     }
 }
 
+/// ADD checks the memlock limit of the runtime (the plugin's parent, here
+/// this test process), never the plugin's own (no container inherits it);
+/// DEL logs the release of the VF at info.
+#[test]
+fn add_warns_about_the_runtime_only_and_del_logs_the_release() {
+    if skip_without_netns("add_warns_about_the_runtime_only_and_del_logs_the_release") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log_file = logs.path().join("kroce-cni.log");
+    let cfg = bed.config(json!({
+        "cniVersion": "1.1.0", "memlock": "unlimited",
+        "logFile": log_file, "logLevel": "info"
+    }));
+    let out = run(&bed, &bed.env("ADD", "c1", "net1"), &cfg);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    let log = std::fs::read_to_string(&log_file).unwrap();
+    for text in [&out.stderr, &log] {
+        assert!(
+            !text.contains("pid self") && !text.contains("(kroce-cni)"),
+            "a warning about the plugin's own limit:\n{text}"
+        );
+    }
+    let runtime = kroce_cni::memlock::read_limit(Path::new("/proc"), "self").unwrap();
+    if runtime.soft != kroce_cni::memlock::Memlock::Unlimited {
+        let pid = format!("RLIMIT_MEMLOCK of pid {} ", std::process::id());
+        assert!(
+            out.stderr.contains(&pid),
+            "runtime not checked: {}",
+            out.stderr
+        );
+    }
+
+    let out = run(&bed, &bed.env("DEL", "c1", "net1"), &cfg);
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stderr);
+    let log = std::fs::read_to_string(&log_file).unwrap();
+    let line = format!(
+        "released VF {} (host netdev ens1f0v0) of container c1, net1 in netns {}",
+        bed.vf_pci(0),
+        bed.pod.path.display()
+    );
+    let released: Vec<&str> = log.lines().filter(|l| l.contains(&line)).collect();
+    assert_eq!(released.len(), 1, "{line} not logged once:\n{log}");
+    assert!(
+        released[0].contains(" info DEL c1/net1: "),
+        "{}",
+        released[0]
+    );
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+}
+
 #[test]
 fn debian_host_device_fails_a_repeated_del_and_we_do_not() {
     if skip_without_netns("debian_host_device_fails_a_repeated_del_and_we_do_not") {

@@ -487,7 +487,8 @@ fn take_over_stale_claim(
     }
 }
 
-/// Warns when the runtime's process tree cannot lock what RDMA needs.
+/// Warns when the runtime's process tree cannot lock what RDMA needs
+/// (`node.runtime_pids`: the runtime, not this short-lived plugin).
 fn check_memlock(conf: &crate::config::NetConf, node: &Node, log: &Logger) {
     let needed = conf.memlock.unwrap_or(memlock::DEFAULT_NEEDED);
     let mut limits = Vec::new();

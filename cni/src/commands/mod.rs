@@ -36,7 +36,9 @@ pub struct Node {
     pub state: StateDir,
     pub host_netns: Netns,
     pub lock_timeout: Duration,
-    /// pids whose RLIMIT_MEMLOCK stands for the runtime's process tree.
+    /// pids whose RLIMIT_MEMLOCK stands for the runtime's process tree:
+    /// the process that executed the plugin. Never the plugin itself: its
+    /// own short-lived limit is inherited by no container.
     pub runtime_pids: Vec<String>,
 }
 
@@ -68,7 +70,7 @@ impl Node {
             state: StateDir::new(state),
             host_netns,
             lock_timeout: LOCK_TIMEOUT,
-            runtime_pids: vec!["self".into(), nix::unistd::getppid().to_string()],
+            runtime_pids: vec![nix::unistd::getppid().to_string()],
         }
     }
 }

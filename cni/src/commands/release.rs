@@ -266,5 +266,19 @@ pub fn release_claim(
     {
         errors.push(e.to_string());
     }
+    // One line per release (DEL, GC, rollback, takeover), so an admin can
+    // tell from the log when a VF went back and whose it was.
+    let what = format!(
+        "{} (host netdev {}) of container {}, {} in netns {}",
+        claim.vf, claim.original.link.name, claim.container_id, claim.ifname, claim.netns
+    );
+    if errors.is_empty() {
+        log.info(&format!("released {what}"));
+    } else {
+        log.info(&format!(
+            "release of {what} left {} problem(s)",
+            errors.len()
+        ));
+    }
     errors
 }
