@@ -45,6 +45,16 @@ fn is_qualified_name(n: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// `domain/name` as given, or `rdma/<name>` for a bare name: the name a
+/// resource is advertised under, before validation.
+pub fn qualified(name: &str) -> String {
+    if name.contains('/') {
+        name.to_string()
+    } else {
+        format!("{DEFAULT_PREFIX}/{name}")
+    }
+}
+
 impl ResourceName {
     /// Parses `domain/name` or a bare `name` (which gets the `rdma/` prefix,
     /// as an RdmaNetwork's `resourceName` or, unset, its name does).
@@ -53,11 +63,7 @@ impl ResourceName {
             value: s.to_owned(),
             reason,
         };
-        let full = if s.contains('/') {
-            s.to_string()
-        } else {
-            format!("{DEFAULT_PREFIX}/{s}")
-        };
+        let full = qualified(s);
         let Some((domain, name)) = full.split_once('/') else {
             return Err(bad("expected domain/name".into()));
         };
