@@ -16,6 +16,9 @@ use std::collections::BTreeMap;
 #[x_kube(validation = Rule::new(
     "!has(self.ifNames) || !(has(self.vendor) || has(self.deviceID) || has(self.pfNames) || has(self.rootDevices))"
 ).message("ifNames (soft devices) cannot be combined with vendor, deviceID, pfNames or rootDevices"))]
+#[x_kube(validation = Rule::new(
+    "has(self.vendor) || has(self.deviceID) || (has(self.pfNames) && size(self.pfNames) > 0) || (has(self.rootDevices) && size(self.rootDevices) > 0) || (has(self.ifNames) && size(self.ifNames) > 0)"
+).message("nicSelector is empty: set vendor, deviceID, pfNames or rootDevices (SR-IOV PFs) or ifNames (soft devices)"))]
 pub struct NicSelector {
     /// PCI vendor id, 4 hex digits (`15b3` for NVIDIA/Mellanox).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,6 +31,7 @@ pub struct NicSelector {
     /// PF netdev names, optionally with the VF indices this network uses:
     /// `ens1f0` (all VFs) or `ens1f0#0-3` (VFs 0 to 3).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "pf_names_schema")]
     pub pf_names: Vec<String>,
     /// PF PCI addresses (`0000:3b:00.0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -60,6 +64,66 @@ impl NicSelector {
 
 /// Longest netdev name the kernel accepts (IFNAMSIZ - 1).
 pub const MAX_IFNAME_LEN: usize = 15;
+/// Bounds on `pfNames` (entries, characters each): they keep the CEL
+/// rules' cost estimate within the API server's budget.
+pub const MAX_PF_NAMES: usize = 32;
+pub const MAX_PF_NAME_LEN: usize = 32;
+/// Bounds on `networkNamespaces` (entries); each is a DNS-1123 label.
+pub const MAX_NETWORK_NAMESPACES: usize = 256;
+/// Longest `metadata.name`: it is the default `resourceName` and a label
+/// value (cleanup selects by it), both at most 63 characters.
+pub const MAX_NETWORK_NAME_LEN: usize = 63;
+/// DNS-1123 label (RE2 and Rust `regex` alike).
+pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+fn pf_names_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": MAX_PF_NAMES,
+        "items": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_PF_NAME_LEN,
+            "x-kubernetes-validations": [{
+                "rule": r"self.matches('^[^/:\\s#]{1,15}(#[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$')",
+                "message": "pfNames entries are a netdev name (1-15 characters), optionally with VF indices: ens1f0 or ens1f0#0-3,6"
+            }]
+        }
+    })
+}
+
+fn network_namespaces_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": MAX_NETWORK_NAMESPACES,
+        "items": {
+            "type": "string",
+            "maxLength": 63,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{DNS_LABEL_PATTERN}')"),
+                "message": "networkNamespaces entries must be namespace names (DNS-1123 labels: a-z, 0-9, '-', at most 63 characters)"
+            }]
+        }
+    })
+}
+
+/// `ipam` is passed to the CNI as it is; its `type` and a top-level
+/// `subnet` (host-local's) are declared so CEL can check them.
+fn ipam_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "required": ["type"],
+        "properties": {
+            "type": {"type": "string", "minLength": 1, "maxLength": 253},
+            "subnet": {"type": "string", "maxLength": 64}
+        },
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.subnet) || isCIDR(self.subnet)",
+            "message": "ipam.subnet must be a CIDR (e.g. 10.56.0.0/16)"
+        }]
+    })
+}
 
 fn if_names_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
@@ -174,7 +238,16 @@ impl Default for QosSpec {
     printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.matchedNodes"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[kube(validation = Rule::new(
+    "self.metadata.name.size() <= 63"
+).message("metadata.name must be at most 63 characters: it is the default resourceName and a label value"))]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!has(self.vlanQoS) || (has(self.vlan) && self.vlan > 0)"
+).message("vlanQoS needs a non-zero vlan: the priority travels in the VLAN tag"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.nicSelector.pfNames) || !has(self.numVfs) || self.nicSelector.pfNames.all(p, !p.contains('#') || p.split('#')[1].split(',').all(r, r.split('-').all(i, int(i) < self.numVfs)))"
+).message("nicSelector.pfNames uses a VF index at or above numVfs (VFs are 0 to numVfs-1)"))]
 #[x_kube(validation = Rule::new(
     "has(self.nicSelector.ifNames) || (has(self.numVfs) && self.numVfs > 0)"
 ).message("numVfs (at least 1) is required when nicSelector selects PFs (vendor, deviceID, pfNames, rootDevices)"))]
@@ -209,10 +282,11 @@ pub struct RdmaNetworkSpec {
     pub vlan_qos: Option<u8>,
     /// CNI IPAM configuration, passed through verbatim (e.g. host-local, whereabouts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "opaque_object")]
+    #[schemars(schema_with = "ipam_schema")]
     pub ipam: Option<serde_json::Value>,
     /// Namespaces that get a NetworkAttachmentDefinition named after this network.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "network_namespaces_schema")]
     pub network_namespaces: Vec<String>,
     /// Locked-memory limit for pods on this network: `unlimited`, or a
     /// whole number of bytes with an optional Kubernetes quantity suffix:
@@ -228,13 +302,6 @@ pub struct RdmaNetworkSpec {
     /// Perftest admission (see the admission docs); unset admits on configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionSpec>,
-}
-
-fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true
-    })
 }
 
 impl RdmaNetworkSpec {

@@ -3,7 +3,7 @@
 //! VF ranges against `numVfs`, IPAM shape), with messages naming the field.
 
 use crate::crd::RdmaNetworkSpec;
-use crate::crd::network::MAX_IFNAME_LEN;
+use crate::crd::network::{MAX_IFNAME_LEN, MAX_NETWORK_NAMESPACES, MAX_PF_NAME_LEN, MAX_PF_NAMES};
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::fmt;
 
@@ -35,6 +35,30 @@ fn is_dns_label(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
+}
+
+/// `addr/prefix` as the API server's CEL `isCIDR()` takes it (Go's
+/// `netip.ParsePrefix`): no zone, no IPv4-mapped IPv6, prefix within the
+/// address family, decimal without sign or leading zeros.
+pub fn is_cidr(s: &str) -> bool {
+    let Some((addr, bits)) = s.split_once('/') else {
+        return false;
+    };
+    if addr.contains('%')
+        || bits.is_empty()
+        || !bits.bytes().all(|b| b.is_ascii_digit())
+        || (bits.len() > 1 && bits.starts_with('0'))
+    {
+        return false;
+    }
+    let Ok(bits) = bits.parse::<u32>() else {
+        return false;
+    };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => bits <= 32,
+        Ok(std::net::IpAddr::V6(v6)) => bits <= 128 && v6.to_ipv4_mapped().is_none(),
+        Err(_) => false,
+    }
 }
 
 /// The kernel's rule for a netdev name (`dev_valid_name`).
@@ -136,7 +160,20 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             ));
         }
     }
+    if sel.pf_names.len() > MAX_PF_NAMES {
+        errors.push(err(
+            "spec.nicSelector.pfNames",
+            format!("has {} entries; at most {MAX_PF_NAMES}", sel.pf_names.len()),
+        ));
+    }
     for (i, p) in sel.pf_names.iter().enumerate() {
+        if p.len() > MAX_PF_NAME_LEN {
+            errors.push(err(
+                format!("spec.nicSelector.pfNames[{i}]"),
+                format!("{p:?} is longer than {MAX_PF_NAME_LEN} characters"),
+            ));
+            continue;
+        }
         match p.parse::<PfSelector>() {
             Ok(s) => {
                 let n = spec.vf_count();
@@ -192,6 +229,23 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
                 "must be an object with a non-empty \"type\" (e.g. host-local, whereabouts)",
             )),
         }
+        match ipam.get("subnet") {
+            None => {}
+            Some(serde_json::Value::String(sub)) if is_cidr(sub) => {}
+            Some(other) => errors.push(err(
+                "spec.ipam.subnet",
+                format!("{other} is not a CIDR (e.g. 10.56.0.0/16)"),
+            )),
+        }
+    }
+    if spec.network_namespaces.len() > MAX_NETWORK_NAMESPACES {
+        errors.push(err(
+            "spec.networkNamespaces",
+            format!(
+                "has {} entries; at most {MAX_NETWORK_NAMESPACES}",
+                spec.network_namespaces.len()
+            ),
+        ));
     }
     for (i, ns) in spec.network_namespaces.iter().enumerate() {
         if !is_dns_label(ns) {
