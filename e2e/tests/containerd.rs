@@ -68,7 +68,11 @@ struct Rig {
 }
 
 fn ip_json(args: &[&str]) -> Value {
-    let out = Command::new("ip").arg("-j").args(args).output().expect("ip");
+    let out = Command::new("ip")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("ip");
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
@@ -104,9 +108,7 @@ async fn use_conflist(rig: &Rig, cri: &mut Cri, text: &str) {
         // The verbose info carries the loaded conflist (quotes escaped).
         let marker = |v: &str, key: &str| v.contains(key) == text.contains(key);
         let loaded = st.info.values().any(|v| {
-            v.contains(&rig.vf_pci.to_string())
-                && marker(v, "memlock")
-                && marker(v, "no-such-ipam")
+            v.contains(&rig.vf_pci.to_string()) && marker(v, "memlock") && marker(v, "no-such-ipam")
         });
         if loaded {
             return;
@@ -300,14 +302,22 @@ async fn start_container(
 
 /// The container's `Max locked memory` line, once it printed it.
 fn limits_line(rig: &Rig, pod: &str, container: &str) -> String {
-    let log = rig.dir.join("logs").join(pod).join(format!("{container}.log"));
+    let log = rig
+        .dir
+        .join("logs")
+        .join(pod)
+        .join(format!("{container}.log"));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if let Some(l) = text.lines().find(|l| l.contains("Max locked memory")) {
             return l.to_owned();
         }
-        assert!(Instant::now() < deadline, "{} never printed its limits", log.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never printed its limits",
+            log.display()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -364,7 +374,10 @@ fn assert_node_clean(rig: &Rig, when: &str) {
         "{when}: VF {} not back with its MAC: {link}",
         rig.vf_ifname
     );
-    assert_eq!(link[0]["mtu"], VF_MTU, "{when}: VF MTU not restored: {link}");
+    assert_eq!(
+        link[0]["mtu"], VF_MTU,
+        "{when}: VF MTU not restored: {link}"
+    );
     let state: Vec<String> = files_in(&rig.state_dir)
         .into_iter()
         .filter(|f| f.starts_with("vf/") || f.starts_with("memlock/"))
@@ -374,7 +387,10 @@ fn assert_node_clean(rig: &Rig, when: &str) {
         .into_iter()
         .filter(|f| f.contains("10.77.0."))
         .collect();
-    assert!(leases.is_empty(), "{when}: host-local leases left: {leases:?}");
+    assert!(
+        leases.is_empty(),
+        "{when}: host-local leases left: {leases:?}"
+    );
 }
 
 fn setup(peers: &Peers, tag: &str) -> Rig {
@@ -398,8 +414,18 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         .trim()
         .to_string();
     node.ip(&[
-        "link", "add", &vf_ifname, "address", &vf_mac, "mtu", &VF_MTU.to_string(), "type", "veth",
-        "peer", "name", "kctdpeer0",
+        "link",
+        "add",
+        &vf_ifname,
+        "address",
+        &vf_mac,
+        "mtu",
+        &VF_MTU.to_string(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "kctdpeer0",
     ])
     .unwrap();
     node.ip(&["link", "set", "kctdpeer0", "up"]).unwrap();
@@ -417,24 +443,13 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
     let archive = image::build(&dir.join("image"), Path::new(runtime::BUSYBOX)).unwrap();
     ctd.import(&archive).unwrap();
 
-    let mut nri_cmd = Command::new(bin_dir.join("kroce-nri"));
-    nri_cmd
-        .arg("--socket")
-        .arg(&ctd.nri_socket)
-        .arg("--state-dir")
-        .arg(&state_dir)
-        .env("RUST_LOG", "info");
-    let nri = Daemon::start("kroce-nri", &node.path, nri_cmd, &dir.join("kroce-nri.log")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !nri.log_text().contains("synchronized") {
-        assert!(
-            Instant::now() < deadline,
-            "kroce-nri never synchronized with containerd:\n{}\n--- containerd\n{}",
-            nri.log_text(),
-            ctd.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let nri = start_nri(
+        &bin_dir,
+        &node.path,
+        &ctd,
+        &state_dir,
+        &dir.join("kroce-nri.log"),
+    );
     Rig {
         node,
         _fixture: fixture,
@@ -447,6 +462,41 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         vf_ifname,
         vf_mac,
         sysfs,
+    }
+}
+
+/// Starts kroce-nri on containerd's NRI socket and waits until it has
+/// registered and synchronized.
+fn start_nri(
+    bin_dir: &Path,
+    netns: &Path,
+    ctd: &Containerd,
+    state_dir: &Path,
+    log: &Path,
+) -> Daemon {
+    let mut cmd = Command::new(bin_dir.join("kroce-nri"));
+    cmd.arg("--socket")
+        .arg(&ctd.nri_socket)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .env("RUST_LOG", "info");
+    let nri = Daemon::start("kroce-nri", netns, cmd, log).unwrap();
+    wait_synchronized(&nri, ctd, 1);
+    nri
+}
+
+/// Waits until kroce-nri has synchronized with the runtime `n` times (once
+/// per connection).
+fn wait_synchronized(nri: &Daemon, ctd: &Containerd, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while nri.log_text().matches("synchronized").count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "kroce-nri never synchronized with containerd ({n}):\n{}\n--- containerd\n{}",
+            nri.log_text(),
+            ctd.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -473,7 +523,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     }
     let peers = Peers::find().unwrap();
     let tag = unique_tag();
-    let rig = setup(&peers, &tag);
+    let mut rig = setup(&peers, &tag);
     let mut cri = rig.ctd.cri().await.unwrap();
 
     // 1. A pod whose network asks for 4 MiB of locked memory.
@@ -494,12 +544,18 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
 
     use_conflist(&rig, &mut cri, &conflist(&rig, Some("4Mi"))).await;
     let network_ready = network_ready(&mut cri).await;
-    assert!(network_ready.status, "NetworkReady false: {network_ready:?}");
+    assert!(
+        network_ready.status,
+        "NetworkReady false: {network_ready:?}"
+    );
 
     let pod = run_pod(&rig, &mut cri, "p1").await;
     assert!(pod.ip.starts_with("10.77.0."), "sandbox IP {:?}", pod.ip);
     let eth0 = pod_link(&pod);
-    assert_eq!(eth0["address"], rig.vf_mac, "the VF is the pod's eth0: {eth0}");
+    assert_eq!(
+        eth0["address"], rig.vf_mac,
+        "the VF is the pod's eth0: {eth0}"
+    );
     assert_eq!(eth0["mtu"], POD_MTU, "{eth0}");
     let addrs: Vec<String> = eth0["addr_info"]
         .as_array()
@@ -549,14 +605,20 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     let plain = start_container(&mut cri, &pod, "plain", BTreeMap::new())
         .await
         .unwrap();
-    assert_eq!(plain.memlock, None, "a container without RDMA is not touched");
+    assert_eq!(
+        plain.memlock, None,
+        "a container without RDMA is not touched"
+    );
     let hard = runtime_memlock_hard(rig.ctd.pid().unwrap());
     let annotations = BTreeMap::from([
         (
             "kroce.io/rdma-devices.rdma_vf".to_string(),
             rig.vf_pci.to_string(),
         ),
-        ("kroce.io/memlock.rdma_vf".to_string(), "unlimited".to_string()),
+        (
+            "kroce.io/memlock.rdma_vf".to_string(),
+            "unlimited".to_string(),
+        ),
     ]);
     let rdma = start_container(&mut cri, &pod, "rdma", annotations)
         .await
@@ -594,5 +656,48 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
         netns_before,
         "no pod netns left"
     );
+
+    // 4. Crashes: containerd killed -9 with a pod running and restarted
+    //    (kroce-nri reconnects by itself), then kroce-nri restarted. Limits
+    //    still come, and removing the pod still cleans up.
+    let pod = run_pod(&rig, &mut cri, "crash").await;
+    rig.ctd.kill9();
+    rig.ctd.start().unwrap();
+    let mut cri = rig.ctd.cri().await.unwrap();
+    wait_synchronized(&rig.nri, &rig.ctd, 2);
+    let c = start_container(&mut cri, &pod, "after-containerd", BTreeMap::new())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n--- kroce-nri\n{}", rig.nri.log_text()));
+    assert_eq!(
+        c.memlock,
+        Some((MEMLOCK_4MI, MEMLOCK_4MI)),
+        "after containerd restarted"
+    );
+    remove_container(&mut cri, &c.id).await;
+    rig.nri.terminate(Duration::from_secs(5)).unwrap();
+    let bin_dir = rig_bins::Binaries::locate()
+        .unwrap()
+        .cni
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    rig.nri = start_nri(
+        &bin_dir,
+        &rig.node.path,
+        &rig.ctd,
+        &rig.state_dir,
+        &rig.dir.join("kroce-nri-2.log"),
+    );
+    let c = start_container(&mut cri, &pod, "after-nri", BTreeMap::new())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n--- kroce-nri\n{}", rig.nri.log_text()));
+    assert_eq!(
+        c.memlock,
+        Some((MEMLOCK_4MI, MEMLOCK_4MI)),
+        "after kroce-nri restarted"
+    );
+    remove_container(&mut cri, &c.id).await;
+    remove_pod(&rig, &mut cri, &pod).await;
+    assert_node_clean(&rig, "after the crashes");
     let _ = std::fs::remove_dir_all(&rig.dir);
 }
