@@ -26,8 +26,8 @@ use kroce_operator::agent::run::AGENT_MANAGER;
 use kroce_operator::controller::MANAGER;
 use kroce_operator::controller::admission::FIELD_MANAGER as ADMISSION_MANAGER;
 use kroce_operator::crd::{
-    Condition, NetworkAdmission, RdmaNetwork, RdmaNetworkSpec, RdmaNetworkStatus, RdmaNodeState, RdmaNodeStateSpec,
-    RdmaNodeStateStatus, SyncState,
+    Condition, NetworkAdmission, RdmaNetwork, RdmaNetworkSpec, RdmaNetworkStatus, RdmaNodeState,
+    RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState,
 };
 use kube::api::{
     Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -86,7 +86,11 @@ async fn the_generated_crds_are_accepted_structural_and_established() {
         sent.iter()
             .map(|c| c.spec.names.kind.as_str())
             .collect::<Vec<_>>(),
-        ["RdmaNetwork", "RdmaNodeState", "NetworkAttachmentDefinition"]
+        [
+            "RdmaNetwork",
+            "RdmaNodeState",
+            "NetworkAttachmentDefinition"
+        ]
     );
     for crd in &sent {
         let name = crd.name_any();
@@ -98,8 +102,16 @@ async fn the_generated_crds_are_accepted_structural_and_established() {
                 .find(|c| c.type_ == t)
                 .map(|c| c.status.clone())
         };
-        assert_eq!(status_of("Established").as_deref(), Some("True"), "{name}: {conds:?}");
-        assert_eq!(status_of("NamesAccepted").as_deref(), Some("True"), "{name}: {conds:?}");
+        assert_eq!(
+            status_of("Established").as_deref(),
+            Some("True"),
+            "{name}: {conds:?}"
+        );
+        assert_eq!(
+            status_of("NamesAccepted").as_deref(),
+            Some("True"),
+            "{name}: {conds:?}"
+        );
         // A non-structural schema is accepted in v1 only with this condition.
         assert_eq!(status_of("NonStructuralSchema"), None, "{name}: {conds:?}");
         // The schema is stored as generated (nothing dropped or rewritten),
@@ -163,7 +175,11 @@ async fn every_example_rdmanetwork_is_created_as_written() {
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         // Nothing pruned or changed: every field written is stored as
         // written (the server adds the schema's defaults).
-        assert_subset(&doc["spec"], &created.data["spec"], &format!("{}: spec", file.display()));
+        assert_subset(
+            &doc["spec"],
+            &created.data["spec"],
+            &format!("{}: spec", file.display()),
+        );
         let spec: RdmaNetworkSpec = serde_json::from_value(doc["spec"].clone()).unwrap();
         assert_eq!(
             kroce_operator::plan::validate_network(&name, &spec),
@@ -222,7 +238,8 @@ fn client_side_cel(obj: &Value) -> Vec<String> {
 #[tokio::test]
 async fn the_verdict_table_holds_on_the_real_server_and_in_the_controller() {
     let Some(srv) = server() else { return };
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rdmanetwork-verdicts.yaml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rdmanetwork-verdicts.yaml");
     let rows: Vec<Row> = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert!(rows.len() > 20, "{} rows", rows.len());
     let api = dynamic_api::<RdmaNetwork>(srv.client().await);
@@ -266,9 +283,9 @@ async fn the_verdict_table_holds_on_the_real_server_and_in_the_controller() {
         // kube's in-process CEL must agree with the server's on the rules.
         let cel = client_side_cel(&doc);
         match &row.message {
-            Some(m) if !cel.iter().any(|c| c.contains(m.as_str())) => failures.push(format!(
-                "{what}: client-side CEL gave {cel:?}, not {m:?}"
-            )),
+            Some(m) if !cel.iter().any(|c| c.contains(m.as_str())) => {
+                failures.push(format!("{what}: client-side CEL gave {cel:?}, not {m:?}"))
+            }
             None if !cel.is_empty() => failures.push(format!(
                 "{what}: client-side CEL rejects it ({cel:?}) but the row names no rule message"
             )),
@@ -291,7 +308,9 @@ async fn the_verdict_table_holds_on_the_real_server_and_in_the_controller() {
                 let mut want = row.controller.clone();
                 want.sort();
                 if got != want {
-                    failures.push(format!("{what}: the controller names {got:?}, the table {want:?}"));
+                    failures.push(format!(
+                        "{what}: the controller names {got:?}, the table {want:?}"
+                    ));
                 }
             }
         }
@@ -321,12 +340,26 @@ fn node_state_spec(node: &str) -> RdmaNodeStateSpec {
 }
 
 /// The controller's apply of a node state, as `sync_nodes` makes it.
-async fn apply_node_state(api: &Api<RdmaNodeState>, node: &str, spec: RdmaNodeStateSpec) -> RdmaNodeState {
+async fn apply_node_state(
+    api: &Api<RdmaNodeState>,
+    node: &str,
+    spec: RdmaNodeStateSpec,
+) -> RdmaNodeState {
     let mut obj = RdmaNodeState::new(node, spec);
-    obj.metadata.labels = Some([("app.kubernetes.io/managed-by".to_string(), MANAGER.to_string())].into());
-    api.patch(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&obj))
-        .await
-        .unwrap()
+    obj.metadata.labels = Some(
+        [(
+            "app.kubernetes.io/managed-by".to_string(),
+            MANAGER.to_string(),
+        )]
+        .into(),
+    );
+    api.patch(
+        node,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .unwrap()
 }
 
 fn agent_status(generation: Option<i64>) -> RdmaNodeStateStatus {
@@ -336,17 +369,31 @@ fn agent_status(generation: Option<i64>) -> RdmaNodeStateStatus {
         last_sync_time: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
         configured_pfs: 1,
         managed_pfs: vec!["0000:3b:00.0".into()],
-        conditions: vec![Condition::new("Ready", true, "Applied", "all PFs configured")],
+        conditions: vec![Condition::new(
+            "Ready",
+            true,
+            "Applied",
+            "all PFs configured",
+        )],
         ..Default::default()
     }
 }
 
 /// The node agent's status report, as `agent::run` sends it.
-async fn report(api: &Api<RdmaNodeState>, node: &str, status: &RdmaNodeStateStatus) -> RdmaNodeState {
-    let body = json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState", "status": status});
-    api.patch_status(node, &PatchParams::apply(AGENT_MANAGER).force(), &Patch::Apply(&body))
-        .await
-        .unwrap()
+async fn report(
+    api: &Api<RdmaNodeState>,
+    node: &str,
+    status: &RdmaNodeStateStatus,
+) -> RdmaNodeState {
+    let body =
+        json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState", "status": status});
+    api.patch_status(
+        node,
+        &PatchParams::apply(AGENT_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -377,12 +424,19 @@ async fn controller_agent_and_admission_share_a_node_state_by_server_side_apply(
     let adm = json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
         "status": {"admission": [entry], "admissionPhase": "Admitted"}});
     let after_adm = api
-        .patch_status(node, &PatchParams::apply(ADMISSION_MANAGER).force(), &Patch::Apply(&adm))
+        .patch_status(
+            node,
+            &PatchParams::apply(ADMISSION_MANAGER).force(),
+            &Patch::Apply(&adm),
+        )
         .await
         .unwrap();
     let st = after_adm.status.clone().unwrap();
     assert_eq!(st.admission_phase.as_deref(), Some("Admitted"));
-    assert_eq!(st.configured_pfs, 1, "admission's apply kept the agent's fields");
+    assert_eq!(
+        st.configured_pfs, 1,
+        "admission's apply kept the agent's fields"
+    );
     let mut next = agent_status(Some(1));
     next.conditions = vec![Condition::new("Ready", false, "Failed", "ens1f0: gone")];
     next.sync_state = SyncState::Failed;
@@ -400,8 +454,14 @@ async fn controller_agent_and_admission_share_a_node_state_by_server_side_apply(
     spec.pfs[0].vf_groups[0].vf_range = "0-7".into();
     let changed = apply_node_state(&api, node, spec).await;
     assert_eq!(changed.metadata.generation, Some(2));
-    assert!(!changed.in_sync(), "the agent has not seen generation 2 yet");
-    assert_eq!(changed.status.unwrap().admission_phase.as_deref(), Some("Admitted"));
+    assert!(
+        !changed.in_sync(),
+        "the agent has not seen generation 2 yet"
+    );
+    assert_eq!(
+        changed.status.unwrap().admission_phase.as_deref(),
+        Some("Admitted")
+    );
 }
 
 #[tokio::test]
@@ -409,9 +469,13 @@ async fn the_controllers_network_status_apply_is_stored_and_validated() {
     let Some(srv) = server() else { return };
     let api: Api<RdmaNetwork> = Api::all(srv.client().await);
     let spec: RdmaNetworkSpec =
-        serde_json::from_value(json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4})).unwrap();
+        serde_json::from_value(json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4}))
+            .unwrap();
     let net = api
-        .create(&PostParams::default(), &RdmaNetwork::new("status-net", spec))
+        .create(
+            &PostParams::default(),
+            &RdmaNetwork::new("status-net", spec),
+        )
         .await
         .unwrap();
     let status = RdmaNetworkStatus {
@@ -425,11 +489,18 @@ async fn the_controllers_network_status_apply_is_stored_and_validated() {
     };
     let body = json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork", "status": status});
     let got = api
-        .patch_status("status-net", &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+        .patch_status(
+            "status-net",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&body),
+        )
         .await
         .unwrap();
     assert_eq!(got.status.as_ref(), Some(&status));
-    assert_eq!(got.metadata.generation, net.metadata.generation, "status does not bump it");
+    assert_eq!(
+        got.metadata.generation, net.metadata.generation,
+        "status does not bump it"
+    );
     assert!(managers(&got).contains(&(MANAGER.to_string(), "status".to_string())));
     // The status schema holds for applies too: a count that is not a
     // number is refused, naming the field, and nothing changes. (The
@@ -438,11 +509,21 @@ async fn the_controllers_network_status_apply_is_stored_and_validated() {
     let bad = json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
                      "status": {"matchedNodes": "many"}});
     let e = api
-        .patch_status("status-net", &PatchParams::apply(MANAGER).force(), &Patch::Apply(&bad))
+        .patch_status(
+            "status-net",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&bad),
+        )
         .await
         .unwrap_err();
-    assert!(api_error(&e).message.contains(".status.matchedNodes"), "{e}");
-    assert_eq!(api.get("status-net").await.unwrap().status.as_ref(), Some(&status));
+    assert!(
+        api_error(&e).message.contains(".status.matchedNodes"),
+        "{e}"
+    );
+    assert_eq!(
+        api.get("status-net").await.unwrap().status.as_ref(),
+        Some(&status)
+    );
 }
 
 #[tokio::test]
@@ -455,7 +536,11 @@ async fn a_second_manager_without_force_conflicts_and_with_force_takes_over() {
     other.spec.pfs[0].num_vfs = 2;
     other.spec.pfs[0].vf_groups[0].vf_range = "0-1".into();
     let e = api
-        .patch(node, &PatchParams::apply("kroce-test-admin"), &Patch::Apply(&other))
+        .patch(
+            node,
+            &PatchParams::apply("kroce-test-admin"),
+            &Patch::Apply(&other),
+        )
         .await
         .unwrap_err();
     let s = api_error(&e);
@@ -468,7 +553,11 @@ async fn a_second_manager_without_force_conflicts_and_with_force_takes_over() {
     // Nothing changed.
     assert_eq!(api.get(node).await.unwrap().spec.pfs[0].num_vfs, 4);
     let forced = api
-        .patch(node, &PatchParams::apply("kroce-test-admin").force(), &Patch::Apply(&other))
+        .patch(
+            node,
+            &PatchParams::apply("kroce-test-admin").force(),
+            &Patch::Apply(&other),
+        )
         .await
         .unwrap();
     assert_eq!(forced.spec.pfs[0].num_vfs, 2);
@@ -580,9 +669,15 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
         dcb: Arc::new(FakeDcb::default()),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run_with(client, cfg, edges, AgentMetrics::default(), async move {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(run_with(
+        client,
+        cfg,
+        edges,
+        AgentMetrics::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     let mut spec = node_state_spec(node);
     spec.pfs[0].vf_groups.clear();
     apply_node_state(&api, node, spec.clone()).await;
@@ -596,21 +691,30 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            panic!("the agent never reported generation {g}: {:?}", api.get(node).await.unwrap().status);
+            panic!(
+                "the agent never reported generation {g}: {:?}",
+                api.get(node).await.unwrap().status
+            );
         }
     };
     let s = wait_generation(1).await;
     let st = s.status.clone().unwrap();
     assert!(managers(&s).contains(&(AGENT_MANAGER.to_string(), "status".to_string())));
     assert!(st.last_sync_time.is_some());
-    let pf = st.pfs.iter().find(|p| p.pci_address == "0000:3b:00.0").unwrap();
+    let pf = st
+        .pfs
+        .iter()
+        .find(|p| p.pci_address == "0000:3b:00.0")
+        .unwrap();
     // This server has no Pods: the agent cannot see who holds the fixture's
     // 8 VFs, so it counts every one as held and does not cut 8 to 4 (as
     // designed), and says so through the real server.
     assert_eq!(pf.num_vfs, 8, "{st:?}");
     assert!(!st.held_vfs.is_empty(), "{st:?}");
     assert!(
-        st.conditions.iter().any(|c| c.type_ == "VfsHeld" && c.is_true()),
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "VfsHeld" && c.is_true()),
         "{:?}",
         st.conditions
     );
@@ -629,8 +733,15 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
 
 // ---- the shipped binary against the real server
 
+/// The binary under test: `KROCE_BIN_DIR/kroce-operator` when set (CI
+/// points it at the release build with default features, what the images
+/// ship), else this test build's.
 fn bin() -> std::process::Command {
-    std::process::Command::new(env!("CARGO_BIN_EXE_kroce-operator"))
+    let path = std::env::var_os("KROCE_BIN_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_kroce-operator")),
+        |d| PathBuf::from(d).join("kroce-operator"),
+    );
+    std::process::Command::new(path)
 }
 
 /// Runs `cmd` with KUBECONFIG at the real server until a stderr line
@@ -713,13 +824,22 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
     rt.block_on(async {
         let api: Api<RdmaNetwork> = Api::all(srv.client().await);
         let spec: RdmaNetworkSpec =
-            serde_json::from_value(json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 2})).unwrap();
-        api.create(&PostParams::default(), &RdmaNetwork::new("controller-smoke", spec))
-            .await
-            .unwrap();
+            serde_json::from_value(json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 2}))
+                .unwrap();
+        api.create(
+            &PostParams::default(),
+            &RdmaNetwork::new("controller-smoke", spec),
+        )
+        .await
+        .unwrap();
     });
     let mut cmd = bin();
-    cmd.args(["controller", "--leader-election=false", "--listen", "127.0.0.1:0"]);
+    cmd.args([
+        "controller",
+        "--leader-election=false",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
     let (stderr, code, reached) = run_until(
         srv,
         cmd,
@@ -728,12 +848,19 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
         Duration::from_secs(60),
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(reached, "no reconcile of controller-smoke was logged:\n{stderr}");
+    assert!(
+        reached,
+        "no reconcile of controller-smoke was logged:\n{stderr}"
+    );
     // The failure is the missing core API. (Its text is poor today: this
     // server answers 404 with a JSON path list, which kube 5 parses as an
     // empty Status, so the log reads "ApiError: : (Status { code: 0 ..})".)
     assert!(stderr.contains("Kubernetes API"), "{stderr}");
-    assert_eq!(code, Some(0), "SIGTERM ends the controller cleanly:\n{stderr}");
+    assert_eq!(
+        code,
+        Some(0),
+        "SIGTERM ends the controller cleanly:\n{stderr}"
+    );
 }
 
 /// With leader election the controller needs Leases, which this server
@@ -752,13 +879,16 @@ fn the_shipped_controller_with_leader_election_fails_clearly_without_leases() {
     let (stderr, code, reached) = run_until(
         srv,
         cmd,
-        |l| l.to_lowercase().contains("lease"),
+        |l| l.contains("lease") && l.contains("404"),
         || false,
         Duration::from_secs(60),
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(reached, "nothing about the lease was said:\n{stderr}");
-    assert!(code.is_some(), "it ended on SIGTERM or by itself:\n{stderr}");
+    assert!(reached, "no error naming the lease and the 404:\n{stderr}");
+    assert!(
+        code.is_some(),
+        "it ended on SIGTERM or by itself:\n{stderr}"
+    );
     eprintln!("exit {code:?}:\n{stderr}");
 }
 
@@ -812,4 +942,3 @@ fn the_shipped_node_agent_reports_status_to_the_real_server() {
     );
     assert_eq!(code, Some(0), "SIGTERM ends the agent with 0:\n{stderr}");
 }
-

@@ -19,9 +19,9 @@
 
 #![allow(dead_code)]
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -182,9 +182,27 @@ fn write_pki(dir: &Path) -> Result<(), rcgen::Error> {
         write(&format!("{name}.key"), key.serialize_pem());
         Ok::<(), rcgen::Error>(())
     };
-    leaf("server", &["127.0.0.1", "localhost"], "127.0.0.1", None, true)?;
-    leaf("admin", &[], "kroce-test-admin", Some("system:masters"), false)?;
-    leaf("etcd-client", &[], "kube-apiserver-etcd-client", None, false)?;
+    leaf(
+        "server",
+        &["127.0.0.1", "localhost"],
+        "127.0.0.1",
+        None,
+        true,
+    )?;
+    leaf(
+        "admin",
+        &[],
+        "kroce-test-admin",
+        Some("system:masters"),
+        false,
+    )?;
+    leaf(
+        "etcd-client",
+        &[],
+        "kube-apiserver-etcd-client",
+        None,
+        false,
+    )?;
     Ok(())
 }
 
