@@ -22,8 +22,8 @@ use kube::CustomResourceExt;
 
 /// API group of both resources.
 pub const GROUP: &str = "kroce.io";
-/// Prefix of every extended resource kroce advertises (`rdma/<resourceName>`).
-pub const RESOURCE_PREFIX: &str = "rdma/";
+// Resource names (`rdma/<resourceName>`) are derived in
+// `kroce_contracts::resource_name`, as the device plugin derives them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
