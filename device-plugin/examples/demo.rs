@@ -1,15 +1,17 @@
 //! The device plugin end to end on this machine, no hardware or cluster:
 //! a fixture host with two ConnectX-6 Dx PFs (8 VFs each) under a temp dir,
 //! the plugin serving it, and a kubelet stand-in that registers it, asks for
-//! a preferred allocation of two VFs and allocates them. Prints what the pod
-//! would get, stops everything and checks nothing is left behind.
+//! a preferred allocation of two VFs and allocates them, and a PodResources
+//! stand-in that lists the pod. Prints what the pod would get, deletes the
+//! pod (its device-info files go), stops everything and checks nothing is
+//! left behind.
 //!
 //! cargo run -p kroce-device-plugin --example demo
 
 use anyhow::{Context, bail};
 use kroce_device_plugin::api;
 use kroce_device_plugin::plugin::{self, Options};
-use kroce_device_plugin::testing::KubeletStandIn;
+use kroce_device_plugin::testing::{KubeletStandIn, PodResourcesStandIn};
 use sriov_helpers::fixture::FixtureHost;
 use std::path::Path;
 use std::time::Duration;
@@ -71,7 +73,11 @@ async fn demo() -> anyhow::Result<Vec<String>> {
     println!("Config:\n{CONFIG}");
 
     let kubelet = KubeletStandIn::start(&kubelet_dir).await?;
+    let pod_resources_socket = work.path().join("pod-resources/kubelet.sock");
+    let mut pods = PodResourcesStandIn::start(&pod_resources_socket).await?;
     let mut opts = Options::new(host.root(), config_path);
+    opts.pod_resources_socket = pod_resources_socket;
+    opts.allocation_grace = Duration::from_millis(200);
     opts.kubelet_dir = kubelet_dir.clone();
     opts.devinfo_dir = devinfo_dir.clone();
     opts.cdi_dir = work.path().join("cdi");
@@ -123,6 +129,9 @@ async fn demo() -> anyhow::Result<Vec<String>> {
         .unwrap_or_default();
     println!("\nGetPreferredAllocation(2): {chosen:?} (same NUMA node, same PF)");
 
+    // The kubelet lists the pod with its devices (PodResources).
+    let ids: Vec<&str> = chosen.iter().map(String::as_str).collect();
+    pods.run_pod("demo", "rdma/vf", &ids);
     let resp = client
         .allocate(api::AllocateRequest {
             container_requests: vec![api::ContainerAllocateRequest {
@@ -162,9 +171,24 @@ async fn demo() -> anyhow::Result<Vec<String>> {
         println!("  device-info file {}:\n{text}", file.display());
     }
 
+    // The pod is deleted: PodResources stops listing it, and the plugin
+    // removes its device-info files (a running pod's would stay, also across
+    // a plugin restart).
+    pods.delete_pod("demo");
+    let gone = async {
+        while !list(&devinfo_dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(wait, gone)
+        .await
+        .context("device-info files of the deleted pod were not removed")?;
+    println!("\nPod deleted: its device-info files are gone.");
+
     let _ = stop.send(());
     plugin.await??;
     kubelet.stop().await;
+    pods.stop().await;
     let mut left: Vec<String> = list(&kubelet_dir);
     left.extend(list(&devinfo_dir));
     let paths = [host.path().to_path_buf(), work.path().to_path_buf()];

@@ -186,9 +186,9 @@ struct Reconciler {
     /// Every pool served since start: whose device-info files are ours.
     our_resources: BTreeSet<ResourceName>,
     host_errors: BTreeSet<String>,
-    /// Host probe taken just before the last full scan, and the in-use
-    /// fingerprint it used.
-    last_probe: Option<(u64, u64)>,
+    /// Host probe taken just before the last full scan, the in-use
+    /// fingerprint it used and the allocation generation it saw.
+    last_probe: Option<(u64, u64, u64)>,
     last_full: tokio::time::Instant,
 }
 
@@ -274,11 +274,12 @@ impl Reconciler {
     /// and a full scan only when either changed (or every [`FULL_SCAN_EVERY`]).
     async fn tick(&mut self) {
         let in_use = self.in_use().await;
+        let generation = self.shared.allocations().generation();
         let root = self.opts.host_root.clone();
         let probe = tokio::task::spawn_blocking(move || host_view::probe(&root, &[])).await;
         match probe {
             Ok(p)
-                if Some((p, fingerprint(&in_use))) == self.last_probe
+                if Some((p, fingerprint(&in_use), generation)) == self.last_probe
                     && self.last_full.elapsed() < FULL_SCAN_EVERY => {}
             _ => self.rescan_with(in_use).await,
         }
@@ -292,6 +293,8 @@ impl Reconciler {
     /// A full scan: rebuilds the snapshot and publishes it when it changed,
     /// then brings the files in line with what pods hold.
     async fn rescan_with(&mut self, in_use: InUse) {
+        // Read before the scan: an Allocate during it shows in the next tick.
+        let generation = self.shared.allocations().generation();
         let root = self.opts.host_root.clone();
         let scanned = tokio::task::spawn_blocking(move || {
             // Probe first: a change during the scan shows in the next probe.
@@ -306,7 +309,7 @@ impl Reconciler {
                 return;
             }
         };
-        self.last_probe = Some((probe, fingerprint(&in_use)));
+        self.last_probe = Some((probe, fingerprint(&in_use), generation));
         self.last_full = tokio::time::Instant::now();
         self.log_host_errors(&view);
         let candidates = inventory::candidates(&view, &mut self.memory);

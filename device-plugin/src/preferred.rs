@@ -59,6 +59,10 @@ pub enum PreferredError {
 /// trying every combination.
 const EXACT_NODE_LIMIT: usize = 12;
 
+/// How good a pick is, lower is better: (PFs, 0) for pack; (MAX - HCAs,
+/// most shares on one HCA) for spread.
+type Score = (usize, usize);
+
 /// Node sort key: known nodes by id first, unknown last.
 type NodeKey = (bool, u32);
 
@@ -130,7 +134,7 @@ pub fn preferred(
         .collect();
     let extra_sets = minimal_node_sets(&others, target.saturating_sub(free));
     // Among node sets of minimal size, the one whose picks score best.
-    let mut best: Option<((usize, usize), Vec<NodeKey>, Vec<&str>)> = None;
+    let mut best: Option<(Score, Vec<NodeKey>, Vec<&str>)> = None;
     for extra in extra_sets {
         let pool: Vec<&str> = by_node
             .iter()
@@ -255,7 +259,7 @@ fn spread_groups<'a>(
     need: usize,
     must: &BTreeSet<&str>,
     topo: &BTreeMap<&str, Topology>,
-) -> ((usize, usize), Vec<&'a str>) {
+) -> (Score, Vec<&'a str>) {
     let mut free: BTreeMap<&str, Vec<&'a str>> = BTreeMap::new();
     for id in pool {
         free.entry(topo[id].group.as_str()).or_default().push(id);

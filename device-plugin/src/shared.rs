@@ -15,6 +15,9 @@ use tokio::sync::watch;
 #[derive(Debug, Default)]
 pub struct Allocations {
     recent: BTreeMap<(String, String), Instant>,
+    /// Bumped by every Allocate: the device-info files it wrote are a change
+    /// the periodic check must see even when the grace is already over.
+    generation: u64,
 }
 
 impl Allocations {
@@ -27,6 +30,11 @@ impl Allocations {
         for id in ids {
             self.recent.insert((resource.to_string(), id), at);
         }
+        self.generation += 1;
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The allocations a kubelet answer taken at `asked_at` may not show
