@@ -129,7 +129,10 @@ impl Containerd {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(format!("containerd socket never appeared:\n{}", self.log_tail()))
+        Err(format!(
+            "containerd socket never appeared:\n{}",
+            self.log_tail()
+        ))
     }
 
     /// SIGKILL, as a crash would (the shims live on, as they do then).

@@ -54,7 +54,14 @@ pub fn build(dir: &Path, busybox: &Path) -> io::Result<std::path::PathBuf> {
     }
     let layer = dir.join("layer.tar");
     run(Command::new("tar")
-        .args(["--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .args([
+            "--sort=name",
+            "--mtime=@0",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "-C",
+        ])
         .arg(&rootfs)
         .arg("-cf")
         .arg(&layer)
@@ -96,8 +103,16 @@ pub fn build(dir: &Path, busybox: &Path) -> io::Result<std::path::PathBuf> {
         })
         .to_string(),
     )?;
-    fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )?;
     let archive = dir.join("image.tar");
-    run(Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&archive).arg("."))?;
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&archive)
+        .arg("."))?;
     Ok(archive)
 }
