@@ -526,6 +526,53 @@ async fn the_controllers_network_status_apply_is_stored_and_validated() {
     );
 }
 
+/// The operator's attachment definitions (`plan::nad`) through kroce's
+/// NetworkAttachmentDefinition CRD: applied per namespace as `sync_nads`
+/// does, found again by the label selector its cleanup uses.
+#[tokio::test]
+async fn attachment_definitions_apply_and_are_found_by_their_network_label() {
+    use kroce_operator::plan::nad::{
+        NETWORK_LABEL, NetworkAttachmentDefinition, attachment_definition,
+    };
+    let Some(srv) = server() else { return };
+    let client = srv.client().await;
+    let spec: RdmaNetworkSpec = serde_json::from_value(json!({
+        "nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4, "vlan": 100, "resourceName": "vf",
+        "ipam": {"type": "host-local", "subnet": "10.56.0.0/24"}
+    }))
+    .unwrap();
+    for ns in ["team-a", "team-b"] {
+        let nad = attachment_definition("nad-net", &spec, ns);
+        let api: Api<NetworkAttachmentDefinition> = Api::namespaced(client.clone(), ns);
+        let got = api
+            .patch(
+                "nad-net",
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&nad),
+            )
+            .await
+            .unwrap();
+        assert_eq!(got.spec, nad.spec);
+        let cfg: Value = serde_json::from_str(&got.spec.config).unwrap();
+        assert_eq!(
+            (cfg["type"].as_str(), cfg["vlan"].as_u64()),
+            (Some("kroce-cni"), Some(100))
+        );
+    }
+    let all: Api<NetworkAttachmentDefinition> = Api::all(client);
+    let lp = kube::api::ListParams::default().labels(&format!("{NETWORK_LABEL}=nad-net"));
+    let mut found: Vec<String> = all
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|n| n.namespace().unwrap())
+        .collect();
+    found.sort();
+    assert_eq!(found, ["team-a", "team-b"]);
+}
+
 #[tokio::test]
 async fn a_second_manager_without_force_conflicts_and_with_force_takes_over() {
     let Some(srv) = server() else { return };
