@@ -675,6 +675,34 @@ mod tests {
     }
 
     #[test]
+    fn device_info_files_are_ours_only_with_a_pool_prefix_and_a_device_id() {
+        let vf = ResourceName::parse("vf").unwrap();
+        let vfx = ResourceName::parse("vf-x").unwrap();
+        let ours: BTreeSet<ResourceName> = [vf.clone(), vfx.clone()].into();
+        let none = InUse::unknown(BTreeSet::new());
+        let snap = Snapshot::default();
+        let owner = |name: &str| device_info_owner(name, &ours, &snap, &none);
+        assert_eq!(
+            owner("rdma-vf-0000:3b:00.2-device.json"),
+            Some((vf.clone(), "0000:3b:00.2".into()))
+        );
+        // The longer pool name wins; its ID is not "x-0000:…" of rdma/vf.
+        assert_eq!(
+            owner("rdma-vf-x-0000:3b:00.2-device.json"),
+            Some((vfx, "0000:3b:00.2".into()))
+        );
+        // Shares of a shared HCA.
+        assert_eq!(
+            owner("rdma-vf-0000:3b:00.0-7-device.json"),
+            Some((vf, "0000:3b:00.0-7".into()))
+        );
+        // Another plugin's files, temp files and unknown IDs are left alone.
+        assert_eq!(owner("intel.com-sriov-0000:3b:00.2-device.json"), None);
+        assert_eq!(owner(".rdma-vf-0000:3b:00.2-device.json.tmp-1"), None);
+        assert_eq!(owner("rdma-vf-whatever-device.json"), None);
+    }
+
+    #[test]
     fn start_up_names_unhealthy_devices_in_one_line() {
         let (_dir, fx) = crate::testing::connectx_pair();
         fx.remove_netdev("ens1f0v1").unwrap();

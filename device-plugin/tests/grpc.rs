@@ -713,6 +713,24 @@ async fn held_devices_keep_cdi_spec_and_device_info_across_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_removed_when_nobody_can_say_what_pods_hold() {
+    let mut h = Harness::start(VF_CONFIG, true).await;
+    ready(&h, VF, 16).await;
+    let mut client = h.kubelet().client(VF).unwrap();
+    client.allocate(alloc_req(&["0000:3b:00.2"])).await.unwrap();
+    // No PodResources and no kubelet checkpoint.
+    h.pod_resources.as_mut().unwrap().stop().await;
+    tokio::time::sleep(common::GRACE * 2).await;
+    h.stop_plugin().await.unwrap();
+    assert_eq!(
+        files_in(&h.devinfo_dir()),
+        ["rdma-vf-0000:3b:00.2-device.json"]
+    );
+    assert_eq!(files_in(&h.cdi_dir()), ["kroce.io-rdma_vf.json"]);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_instance_takes_over_without_a_fight() {
     let h = Harness::start(VF_CONFIG, false).await;
     ready(&h, VF, 16).await;
