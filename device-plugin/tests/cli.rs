@@ -197,3 +197,49 @@ async fn debug_level_is_for_kroce_crates_only() {
     pods.stop().await;
     kubelet.stop().await;
 }
+
+/// `discover` takes "held by a pod" from PodResources too: a VF whose netdev
+/// moved into a running pod is healthy, a free one without netdev is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discover_asks_pod_resources_what_pods_hold() {
+    use kroce_device_plugin::testing::PodResourcesStandIn;
+    let (_d, fx) = fixture();
+    fx.remove_netdev("ens2f0v0").unwrap();
+    fx.remove_netdev("ens2f0v1").unwrap();
+    let work = scratch_dir("kroce-cli-").unwrap();
+    let cfg = write_config(work.path());
+    let sock = work.path().join("pod-resources/kubelet.sock");
+    let mut pods = PodResourcesStandIn::start(&sock).await.unwrap();
+    pods.run_pod("p", "rdma/vf", &["0000:86:00.2"]);
+    let mut cmd = Command::new(BIN);
+    cmd.args(["discover", "--json", "--host-root"])
+        .arg(fx.path())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--kubelet-dir")
+        .arg(work.path().join("kubelet"))
+        .arg("--pod-resources-socket")
+        .arg(&sock);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let health = |id: &str| {
+        v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["device"]["id"] == id)
+            .unwrap()["health"]["state"]
+            .clone()
+    };
+    assert_eq!(health("0000:86:00.2"), "Healthy");
+    assert_eq!(health("0000:86:00.3"), "Unhealthy");
+    pods.stop().await;
+}
