@@ -565,10 +565,20 @@ async fn list_world(ctx: &Context, pod_selector: &str) -> Result<World, Error> {
             )
         })
         .collect();
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ctx.admission.test_namespace)
-        .list(&ListParams::default().labels(pod_selector))
-        .await?
-        .items;
+    // A label value is at most 63 characters: a network with a longer name
+    // (admitted before the CRD refused those) can have no test pods, and
+    // the API server refuses the selector.
+    let selectable = pod_selector
+        .split(',')
+        .all(|t| t.split_once('=').is_none_or(|(_, v)| v.len() <= 63));
+    let pods = if selectable {
+        Api::<Pod>::namespaced(ctx.client.clone(), &ctx.admission.test_namespace)
+            .list(&ListParams::default().labels(pod_selector))
+            .await?
+            .items
+    } else {
+        Vec::new()
+    };
     Ok(World {
         nodes,
         states,
@@ -613,7 +623,7 @@ async fn delete_pods<'a>(api: &Api<Pod>, names: impl Iterator<Item = &'a str>) -
         {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => errors.push(format!("pod {n}: {e}")),
+            Err(e) => errors.push(format!("pod {n}: {}", super::api_error_text(&e))),
         }
     }
     errors
@@ -681,7 +691,10 @@ async fn outcome(
                     spec.latency_spec().tool,
                     &spec.thresholds(),
                 ),
-                Err(e) => RunOutcome::error(format!("cannot read the client pod's log: {e}")),
+                Err(e) => RunOutcome::error(format!(
+                    "cannot read the client pod's log: {}",
+                    super::api_error_text(&e)
+                )),
             });
         }
         if failed(c) {
@@ -895,7 +908,11 @@ async fn run_network(
                 &run.client_node,
                 EventType::Warning,
                 "AdmissionPodFailed",
-                format!("cannot create a test pod of run {}: {e}", run.id),
+                format!(
+                    "cannot create a test pod of run {}: {}",
+                    run.id,
+                    super::api_error_text(&e)
+                ),
             )
             .await;
         }
@@ -1095,8 +1112,9 @@ pub(crate) async fn cleanup_network(
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}
         Err(e) => errors.push(format!(
-            "attachment definition {}: {e}",
-            test_nad_name(&name)
+            "attachment definition {}: {}",
+            test_nad_name(&name),
+            super::api_error_text(&e)
         )),
     }
     let mut entries = current_entries(&world);

@@ -100,6 +100,12 @@ pub struct ApiServer {
     /// `namespace/name` of pods whose eviction a PodDisruptionBudget refuses (429).
     pub refuse_eviction: Arc<Mutex<Vec<String>>>,
     faults: Arc<Mutex<Vec<Fault>>>,
+    /// Plurals this server does not serve (their CRD is not installed): a
+    /// plain-text "404 page not found", as kube-apiserver answers.
+    pub unserved: Arc<Mutex<BTreeSet<String>>>,
+    /// When set, the namespaces that exist: writes into any other one are a
+    /// 404 `namespaces "<ns>" not found`.
+    pub namespaces: Arc<Mutex<Option<BTreeSet<String>>>>,
     /// Every change since the start, for watches.
     events: Arc<Mutex<Vec<Event>>>,
     events_changed: Arc<Notify>,
@@ -713,6 +719,42 @@ impl ApiServer {
         let Some(t) = parse_path(&path) else {
             return status(404, "NotFound", &format!("no route {path}"));
         };
+        if self
+            .unserved
+            .lock()
+            .is_ok_and(|u| u.contains(t.kind.1.as_str()))
+        {
+            return respond(404, "text/plain", full(b"404 page not found".to_vec()));
+        }
+        // The API server refuses label values over 63 characters (a selector
+        // built from a longer name).
+        if let Some(sel) = call.param("labelSelector")
+            && sel.split(',').any(|term| {
+                term.split_once('=')
+                    .is_some_and(|(_, v)| v.trim_start_matches('=').len() > 63)
+            })
+        {
+            return status(
+                400,
+                "BadRequest",
+                &format!("unable to parse requirement: {sel}: must be no more than 63 characters"),
+            );
+        }
+        if parts.method != Method::GET
+            && parts.method != Method::DELETE
+            && let Some(ns) = &t.namespace
+            && self
+                .namespaces
+                .lock()
+                .is_ok_and(|n| n.as_ref().is_some_and(|n| !n.contains(ns)))
+        {
+            let body = json!({
+                "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "message": format!("namespaces \"{ns}\" not found"), "reason": "NotFound",
+                "details": {"name": ns, "kind": "namespaces"}, "code": 404, "metadata": {}
+            });
+            return respond(404, "application/json", full(body.to_string().into_bytes()));
+        }
         let ns = t.namespace.clone().unwrap_or_default();
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let coll = store.entry(t.kind.clone()).or_default();

@@ -41,7 +41,7 @@ pub const MANAGER: &str = "kroce-operator";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API: {}", api_error_text(.0))]
     Kube(#[from] kube::Error),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -68,6 +68,30 @@ impl Error {
             Error::Admission(_) => "Admission".into(),
         }
     }
+}
+
+/// A kube error as people read it: kube's own `Display` of an API error
+/// appends the whole `Status` as a Rust debug dump, which must not reach
+/// events, conditions or logs.
+pub fn api_error_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.reason.is_empty() => format!("{} (HTTP {})", s.message, s.code),
+        kube::Error::Api(s) => format!("{} ({}, HTTP {})", s.message, s.reason, s.code),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn api_errors_read_without_a_debug_dump() {
+    let status = kube::core::Status::failure("pods \"p\" is forbidden", "Forbidden").with_code(403);
+    let e = Error::Kube(kube::Error::Api(status.boxed()));
+    let text = e.to_string();
+    assert_eq!(
+        text,
+        "Kubernetes API: pods \"p\" is forbidden (Forbidden, HTTP 403)"
+    );
+    assert!(!text.contains("Status {"), "{text}");
 }
 
 /// What every reconcile shares.
@@ -202,7 +226,8 @@ pub async fn run(ctx: Context) -> anyhow::Result<()> {
         .await
     {
         anyhow::bail!(
-            "cannot list rdmanetworks.kroce.io ({e}); are the CRDs installed (kroce-operator crd | kubectl apply -f -)?"
+            "cannot list rdmanetworks.kroce.io ({}); are the CRDs installed (kroce-operator crd | kubectl apply -f -)?",
+            api_error_text(&e)
         );
     }
     let controller = Controller::new(networks, watcher::Config::default().any_semantic())

@@ -84,13 +84,55 @@ async fn publish(ctx: &Context, net: &RdmaNetwork, type_: EventType, reason: &st
         .await;
 }
 
+/// One change a reconcile made, with the networks it is about: a node
+/// state changes for every network whose VFs on it changed, whichever
+/// network's reconcile wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Change {
+    pub networks: Vec<String>,
+    pub note: String,
+}
+
+/// Networks whose VF groups or soft devices differ between two node state
+/// specs; the networks of `new` when only PF-level settings changed.
+fn networks_changed(old: Option<&RdmaNodeStateSpec>, new: &RdmaNodeStateSpec) -> Vec<String> {
+    use std::collections::BTreeSet;
+    let groups = |s: &RdmaNodeStateSpec| -> BTreeMap<String, String> {
+        let mut m: BTreeMap<String, String> = BTreeMap::new();
+        for p in &s.pfs {
+            for g in &p.vf_groups {
+                let e = m.entry(g.network.clone()).or_default();
+                e.push_str(&format!("{}:{:?};", p.pci_address, g));
+            }
+        }
+        for g in &s.soft_devices {
+            let e = m.entry(g.network.clone()).or_default();
+            e.push_str(&format!("{g:?};"));
+        }
+        m
+    };
+    let before = old.map(groups).unwrap_or_default();
+    let after = groups(new);
+    let names: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    let changed: Vec<String> = names
+        .into_iter()
+        .filter(|n| before.get(*n) != after.get(*n))
+        .cloned()
+        .collect();
+    if changed.is_empty() {
+        after.into_keys().collect()
+    } else {
+        changed
+    }
+}
+
 /// Applies node state specs and the device plugin ConfigMap for the whole
-/// plan; returns one line per change.
+/// plan; returns one entry per change.
 async fn sync_nodes(
     ctx: &Context,
     world: &World,
     plan: &ClusterPlan,
-) -> Result<Vec<String>, Error> {
+) -> Result<Vec<Change>, Error> {
     let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
     let pp = PatchParams::apply(MANAGER).force();
     let mut changes = Vec::new();
@@ -129,16 +171,19 @@ async fn sync_nodes(
             }])
         });
         api.patch(&np.node, &pp, &Patch::Apply(&obj)).await?;
-        changes.push(format!(
-            "node {}: RdmaNodeState {} ({} PFs)",
-            np.node,
-            if current.is_some() {
-                "updated"
-            } else {
-                "created"
-            },
-            obj.spec.pfs.len()
-        ));
+        changes.push(Change {
+            networks: networks_changed(current.map(|c| &c.spec), &obj.spec),
+            note: format!(
+                "node {}: RdmaNodeState {} ({} PFs)",
+                np.node,
+                if current.is_some() {
+                    "updated"
+                } else {
+                    "created"
+                },
+                obj.spec.pfs.len()
+            ),
+        });
     }
     // The device plugin's pools, one key per node.
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
@@ -193,22 +238,67 @@ async fn sync_nodes(
         v["apiVersion"] = "v1".into();
         v["kind"] = "ConfigMap".into();
         cms.patch(&ctx.configmap, &pp, &Patch::Apply(&v)).await?;
-        changes.push(format!(
-            "ConfigMap {}/{} updated",
-            ctx.namespace, ctx.configmap
-        ));
+        // The pools follow the node states changed in this pass.
+        let mut networks: Vec<String> = changes
+            .iter()
+            .flat_map(|c| c.networks.iter().cloned())
+            .collect();
+        networks.sort();
+        networks.dedup();
+        changes.push(Change {
+            networks,
+            note: format!("ConfigMap {}/{} updated", ctx.namespace, ctx.configmap),
+        });
     }
     Ok(changes)
 }
 
+/// What applying a network's attachment definitions ran into.
+#[derive(Debug, Default)]
+struct NadOutcome {
+    changes: Vec<String>,
+    /// Listed in `networkNamespaces` but not in the cluster.
+    missing_namespaces: Vec<String>,
+    /// The NetworkAttachmentDefinition CRD (Multus) is not installed.
+    crd_missing: bool,
+}
+
+fn is_missing_namespace(e: &kube::Error, ns: &str) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404
+        && (s.details.as_ref().is_some_and(|d| d.kind == "namespaces")
+            || s.message.contains(&format!("namespaces \"{ns}\" not found"))))
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Label values (and so `kroce.io/network=<name>` selectors) are at most 63
+/// characters; a longer name can have no attachment definitions.
+const MAX_LABEL_VALUE: usize = 63;
+
 /// This network's attachment definitions: applied in each listed
 /// namespace, deleted from namespaces no longer listed.
-async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<Vec<String>, Error> {
+async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<NadOutcome, Error> {
     let name = net.name_any();
-    let mut changes = Vec::new();
+    let mut out = NadOutcome::default();
     let all: Api<NetworkAttachmentDefinition> = Api::all(ctx.client.clone());
-    let lp = ListParams::default().labels(&format!("{NETWORK_LABEL}={name}"));
-    let existing = all.list(&lp).await?.items;
+    let existing = if name.len() > MAX_LABEL_VALUE {
+        // Such a network (admitted before the CRD refused long names)
+        // could never get one, and its deletion must not fail on it.
+        Vec::new()
+    } else {
+        let lp = ListParams::default().labels(&format!("{NETWORK_LABEL}={name}"));
+        match all.list(&lp).await {
+            Ok(l) => l.items,
+            // "404 page not found": nothing serves the kind.
+            Err(e) if is_not_found(&e) => {
+                out.crd_missing = true;
+                return Ok(out);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let wanted: Vec<&String> = if keep {
         net.spec.network_namespaces.iter().collect()
     } else {
@@ -229,8 +319,18 @@ async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<Vec<S
             continue;
         }
         let api: Api<NetworkAttachmentDefinition> = Api::namespaced(ctx.client.clone(), ns);
-        api.patch(&name, &pp, &Patch::Apply(&nad)).await?;
-        changes.push(format!("NetworkAttachmentDefinition {ns}/{name} applied"));
+        match api.patch(&name, &pp, &Patch::Apply(&nad)).await {
+            Ok(_) => out
+                .changes
+                .push(format!("NetworkAttachmentDefinition {ns}/{name} applied")),
+            // The other namespaces still get theirs; the status says which not.
+            Err(e) if is_missing_namespace(&e, ns) => out.missing_namespaces.push(ns.to_string()),
+            Err(e) if is_not_found(&e) => {
+                out.crd_missing = true;
+                return Ok(out);
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     for e in &existing {
         let Some(ns) = e.namespace() else { continue };
@@ -239,7 +339,7 @@ async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<Vec<S
         }
         let api: Api<NetworkAttachmentDefinition> = Api::namespaced(ctx.client.clone(), &ns);
         match api.delete(&e.name_any(), &DeleteParams::default()).await {
-            Ok(_) => changes.push(format!(
+            Ok(_) => out.changes.push(format!(
                 "NetworkAttachmentDefinition {ns}/{} deleted",
                 e.name_any()
             )),
@@ -248,7 +348,79 @@ async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<Vec<S
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(changes)
+    Ok(out)
+}
+
+/// The attachment problems in the network's status: `Degraded` (and so
+/// not `Ready`) with a reason that says what to do. Other degradations
+/// keep their reason; the message gets this one too.
+fn attachment_problems(status: &mut RdmaNetworkStatus, nads: &NadOutcome) {
+    let problem = if nads.crd_missing {
+        Some((
+            NAD_CRD_MISSING,
+            "the NetworkAttachmentDefinition CRD (network-attachment-definitions.k8s.cni.cncf.io) \
+             is not installed: install Multus (or its CRD); pods cannot attach to this network \
+             until then"
+                .to_string(),
+        ))
+    } else if !nads.missing_namespaces.is_empty() {
+        Some((
+            NAMESPACE_NOT_FOUND,
+            format!(
+                "spec.networkNamespaces: namespace {} not found; no NetworkAttachmentDefinition \
+                 there (the other namespaces have theirs)",
+                nads.missing_namespaces.join(", ")
+            ),
+        ))
+    } else {
+        None
+    };
+    let Some((reason, message)) = problem else {
+        return;
+    };
+    for c in status.conditions.iter_mut() {
+        match c.type_.as_str() {
+            "Degraded" if c.is_true() => {
+                c.message = format!("{}; {message}", c.message);
+            }
+            "Degraded" | "Ready" => {
+                let generation = c.observed_generation;
+                *c = Condition::new(
+                    &c.type_.clone(),
+                    c.type_ == "Degraded",
+                    reason,
+                    message.clone(),
+                );
+                c.observed_generation = generation;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `Degraded` reasons for attachment problems.
+pub(crate) const NAD_CRD_MISSING: &str = "NetworkAttachmentDefinitionCrdMissing";
+pub(crate) const NAMESPACE_NOT_FOUND: &str = "NamespaceNotFound";
+
+/// Retry while the NAD CRD is missing: the time it has been missing,
+/// between 15 s and 5 min (doubling, without a counter to keep).
+fn crd_missing_retry(previous: Option<&RdmaNetworkStatus>, now: &str) -> Duration {
+    use k8s_openapi::jiff::Timestamp;
+    let since = previous
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Degraded" && c.reason == NAD_CRD_MISSING)
+        })
+        .and_then(|c| c.last_transition_time.as_deref())
+        .and_then(|t| t.parse::<Timestamp>().ok());
+    let elapsed = match (since, now.parse::<Timestamp>()) {
+        (Some(since), Ok(now)) => {
+            Duration::from_secs(now.as_second().saturating_sub(since.as_second()).max(0) as u64)
+        }
+        _ => Duration::ZERO,
+    };
+    elapsed.clamp(Duration::from_secs(15), Duration::from_secs(300))
 }
 
 /// The network's status from the plan and the node states.
@@ -394,20 +566,24 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
             .filter(|n| !n.conflicts.is_empty())
             .count() as i64,
     );
-    let mut changes = sync_nodes(ctx, &world, &plan).await?;
+    let node_changes = sync_nodes(ctx, &world, &plan).await?;
     let valid = !plan.invalid.contains_key(&name);
     // An invalid spec keeps its existing attachment definitions untouched.
-    if valid {
-        changes.extend(sync_nads(ctx, net, true).await?);
-    }
-    let status = network_status(net, &plan, &world.states);
+    let nads = if valid {
+        sync_nads(ctx, net, true).await?
+    } else {
+        NadOutcome::default()
+    };
+    let mut status = network_status(net, &plan, &world.states);
+    attachment_problems(&mut status, &nads);
     let degraded = status
         .conditions
         .iter()
         .find(|c| c.type_ == "Degraded" && c.is_true())
         .cloned();
     let changed_status = patch_status(ctx, net, status).await?;
-    for c in &changes {
+    publish_changes(ctx, &world, net, "Applied", &node_changes).await;
+    for c in &nads.changes {
         publish(ctx, net, EventType::Normal, "Applied", c.clone()).await;
     }
     if let Some(d) = degraded
@@ -416,17 +592,57 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
         publish(ctx, net, EventType::Warning, &d.reason, d.message).await;
     }
     let wake = super::admission::reconcile_network(ctx, net, &plan).await?;
-    Ok(Action::requeue(wake.min(Duration::from_secs(300))))
+    let mut wake = wake.min(Duration::from_secs(300));
+    if nads.crd_missing {
+        wake = wake.min(crd_missing_retry(net.status.as_ref(), &jiff_now()));
+    }
+    Ok(Action::requeue(wake))
+}
+
+/// Node state and ConfigMap changes as Normal events on the networks they
+/// are about (the reconciled one when none is named or known).
+async fn publish_changes(
+    ctx: &Context,
+    world: &World,
+    net: &RdmaNetwork,
+    reason: &str,
+    changes: &[Change],
+) {
+    for c in changes {
+        let mut targets: Vec<&RdmaNetwork> = world
+            .networks
+            .iter()
+            .filter(|n| c.networks.contains(&n.name_any()))
+            .collect();
+        if targets.is_empty() {
+            targets.push(net);
+        }
+        for t in targets {
+            publish(ctx, t, EventType::Normal, reason, c.note.clone()).await;
+        }
+    }
 }
 
 pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Error> {
     // Attachment definitions first (pods can no longer name the network),
     // then the node states without this network (the agents remove its VFs).
-    let mut changes = sync_nads(ctx, net, false).await?;
-    // Also namespaces listed in the spec whose NAD lost its label.
-    for ns in &net.spec.network_namespaces {
+    let nads = sync_nads(ctx, net, false).await?;
+    let mut changes = nads.changes;
+    // Also namespaces listed in the spec whose NAD lost its label (none
+    // when nothing serves the kind).
+    let listed = if nads.crd_missing {
+        &[][..]
+    } else {
+        &net.spec.network_namespaces[..]
+    };
+    for ns in listed {
         let api: Api<NetworkAttachmentDefinition> = Api::namespaced(ctx.client.clone(), ns);
-        if let Some(nad) = api.get_opt(&net.name_any()).await?
+        let found = match api.get_opt(&net.name_any()).await {
+            Ok(found) => found,
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(nad) = found
             && nad.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
         {
             match api.delete(&net.name_any(), &DeleteParams::default()).await {
@@ -441,10 +657,13 @@ pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, 
     }
     let world = list_world(ctx).await?;
     let plan = plan_world(&world);
-    changes.extend(sync_nodes(ctx, &world, &plan).await?);
+    let node_changes = sync_nodes(ctx, &world, &plan).await?;
     super::admission::cleanup_network(ctx, net, &plan).await?;
     for c in &changes {
         publish(ctx, net, EventType::Normal, "Cleanup", c.clone()).await;
     }
+    // The departing network (still listed while its finalizer holds it)
+    // is the one its node state changes are about.
+    publish_changes(ctx, &world, net, "Cleanup", &node_changes).await;
     Ok(Action::await_change())
 }

@@ -513,3 +513,216 @@ async fn soft_device_network_from_the_kind_e2e_reaches_ready() {
     assert_eq!(st["readyNodes"], 2);
     assert_eq!(condition(&st, "Ready")["status"], "True");
 }
+
+const EVENTS: &str = "/apis/events.k8s.io/v1";
+
+/// `(regarding name, type, reason, note)` of every event recorded.
+fn events(server: &ApiServer) -> Vec<(String, String, String, String)> {
+    server
+        .list(EVENTS, "events")
+        .iter()
+        .map(|e| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&e["regarding"]["name"]),
+                s(&e["type"]),
+                s(&e["reason"]),
+                s(&e["note"]),
+            )
+        })
+        .collect()
+}
+
+/// A namespace in networkNamespaces that does not exist: the others get
+/// their attachment definition, the network says which one is missing in
+/// a condition and a Warning event, and the reconcile does not fail.
+#[tokio::test]
+async fn a_missing_namespace_is_a_condition_and_the_rest_are_reconciled() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    *server.namespaces.lock().unwrap() = Some(
+        ["team-a", "kroce-system", "default"]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+    );
+    reconcile_twice(&ctx, &server, "fast").await;
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "fast")
+            .is_some()
+    );
+    assert!(state(&server, "n1").is_some(), "node states still applied");
+    let st = net_status(&server, "fast");
+    let d = condition(&st, "Degraded");
+    assert_eq!(d["status"], "True", "{st}");
+    assert_eq!(d["reason"], "NamespaceNotFound");
+    let msg = d["message"].as_str().unwrap();
+    assert!(
+        msg.contains("team-b") && msg.contains("spec.networkNamespaces"),
+        "{msg}"
+    );
+    assert_eq!(condition(&st, "Ready")["status"], "False");
+    let ev = events(&server);
+    assert!(
+        ev.iter().any(|(on, t, r, note)| on == "fast"
+            && t == "Warning"
+            && r == "NamespaceNotFound"
+            && note.contains("team-b")),
+        "{ev:#?}"
+    );
+    // Once the namespace exists, the next reconcile clears it.
+    *server.namespaces.lock().unwrap() = None;
+    reconcile_named(&ctx, &server, "fast").await;
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-b", "fast")
+            .is_some()
+    );
+    let st = net_status(&server, "fast");
+    assert_eq!(condition(&st, "Degraded")["status"], "False", "{st}");
+}
+
+/// Without Multus' NetworkAttachmentDefinition CRD the API server answers
+/// a bare "404 page not found": Degraded naming what to install, a
+/// Warning event, a retry that backs off, and deletion still completes.
+#[tokio::test]
+async fn a_missing_nad_crd_is_degraded_naming_multus_and_backs_off() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    server
+        .unserved
+        .lock()
+        .unwrap()
+        .insert("network-attachment-definitions".into());
+    reconcile_named(&ctx, &server, "fast").await; // finalizer
+    let net: RdmaNetwork =
+        serde_json::from_value(server.get(KROCE, "rdmanetworks", "", "fast").unwrap()).unwrap();
+    let action = reconcile(Arc::new(net), ctx.clone()).await.unwrap();
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(15))
+    );
+    let st = net_status(&server, "fast");
+    let d = condition(&st, "Degraded");
+    assert_eq!(d["reason"], "NetworkAttachmentDefinitionCrdMissing", "{st}");
+    assert!(d["message"].as_str().unwrap().contains("Multus"), "{d}");
+    assert!(state(&server, "n1").is_some(), "node states still applied");
+    let ev = events(&server);
+    assert!(
+        ev.iter().any(|(on, t, r, note)| on == "fast"
+            && t == "Warning"
+            && r == "NetworkAttachmentDefinitionCrdMissing"
+            && note.contains("Multus")),
+        "{ev:#?}"
+    );
+    // Missing for a while: the retry grows (to at most 5 minutes).
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        for c in o["status"]["conditions"].as_array_mut().unwrap() {
+            c["lastTransitionTime"] = "2020-01-01T00:00:00Z".into();
+        }
+    });
+    let net: RdmaNetwork =
+        serde_json::from_value(server.get(KROCE, "rdmanetworks", "", "fast").unwrap()).unwrap();
+    let later = reconcile(Arc::new(net), ctx.clone()).await.unwrap();
+    // Longer than the first retry (the ordinary resync may come sooner
+    // than the 5 minute cap).
+    assert!(
+        later != action
+            && later
+                != kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(15)),
+        "{later:?}"
+    );
+    // Deletion does not hang on the missing kind.
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z".into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+    let gone = server.get(KROCE, "rdmanetworks", "", "fast");
+    assert!(
+        gone.as_ref().is_none_or(|o| o["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(|f| f.is_empty())),
+        "{gone:?}"
+    );
+}
+
+/// A network named with more than 63 characters (admitted before the CRD
+/// refused such names) can still be deleted: no label selector is built
+/// from its name.
+#[tokio::test]
+async fn a_network_with_a_long_name_can_be_deleted() {
+    let (ctx, server) = setup();
+    let long = "n".repeat(70);
+    server.insert(CORE, "nodes", node("n1", json!({})));
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+               "metadata": {"name": long, "finalizers": [FINALIZER],
+                            "deletionTimestamp": "2026-01-01T00:00:09Z"},
+               "spec": {"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                        "networkNamespaces": ["team-a"]}}),
+    );
+    reconcile_named(&ctx, &server, &long).await;
+    let gone = server.get(KROCE, "rdmanetworks", "", &long);
+    assert!(
+        gone.as_ref().is_none_or(|o| o["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(|f| f.is_empty())),
+        "{gone:?}"
+    );
+}
+
+/// A node state change is recorded on the networks it is about, not on
+/// whichever network's reconcile happened to write it.
+#[tokio::test]
+async fn node_state_events_go_to_the_network_that_changed() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    reconcile_twice(&ctx, &server, "fast").await;
+    reconcile_twice(&ctx, &server, "bulk").await;
+    let name_of = |e: &Value| {
+        e["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let before: Vec<String> = server.list(EVENTS, "events").iter().map(name_of).collect();
+    // The admin narrows bulk; fast's reconcile (a node watch) runs first.
+    server.edit(KROCE, "rdmanetworks", "", "bulk", |o| {
+        o["spec"]["nicSelector"]["pfNames"] = json!(["ens1f0#4-5"]);
+    });
+    // A fresh recorder (a restarted operator): kube's recorder folds
+    // repeats of one event into a series instead of recording new ones.
+    let ctx = Arc::new(Context::new(
+        ctx.client.clone(),
+        "kroce-system",
+        "kroce-device-plugin",
+        Arc::new(Metrics::default()),
+    ));
+    reconcile_named(&ctx, &server, "fast").await;
+    let new: Vec<_> = server
+        .list(EVENTS, "events")
+        .iter()
+        .filter(|e| !before.contains(&name_of(e)))
+        .map(|e| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&e["regarding"]["name"]),
+                s(&e["type"]),
+                s(&e["reason"]),
+                s(&e["note"]),
+            )
+        })
+        .collect();
+    let about_n1: Vec<_> = new
+        .iter()
+        .filter(|(_, _, _, note)| note.contains("node n1: RdmaNodeState updated"))
+        .collect();
+    assert!(!about_n1.is_empty(), "{new:#?}");
+    assert!(
+        about_n1.iter().all(|(on, _, _, _)| on == "bulk"),
+        "{about_n1:#?}"
+    );
+}

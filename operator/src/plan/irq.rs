@@ -62,8 +62,12 @@ pub fn plan_irqs(devices: &[IrqDevice], affinity: &IrqAffinity, all_cpus: &CpuLi
         let cpus: Vec<u32> = allowed.cpus().collect();
         if cpus.is_empty() {
             plan.problems.push(format!(
-                "{}: no CPU left for its IRQs (local CPUs {local}, reservedCpus {reserved} mode {:?})",
-                dev.name, affinity.reserved_cpus_mode
+                "{}: no CPU left for its IRQs (local CPUs {local}, reservedCpus {reserved}, reservedCpusMode {})",
+                dev.name,
+                match affinity.reserved_cpus_mode {
+                    ReservedCpusMode::Exclude => "exclude",
+                    ReservedCpusMode::Only => "only",
+                }
             ));
             continue;
         }

@@ -133,8 +133,8 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             errors.push(err(
                 "spec.nicSelector.ifNames",
                 format!(
-                    "{:?} cannot be combined with vendor, deviceID, pfNames or rootDevices: a network is either SR-IOV VFs or soft devices",
-                    sel.if_names
+                    "{} cannot be combined with vendor, deviceID, pfNames or rootDevices: a network is either SR-IOV VFs or soft devices",
+                    sel.if_names.join(", ")
                 ),
             ));
         }
@@ -374,7 +374,7 @@ mod tests {
         let e = fields(validate_network("a", &mixed));
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(
-            e[0].starts_with("spec.nicSelector.ifNames: [\"kvf0\"] cannot be combined"),
+            e[0].starts_with("spec.nicSelector.ifNames: kvf0 cannot be combined"),
             "{e:?}"
         );
         let bad = soft(serde_json::json!({
