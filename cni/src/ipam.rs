@@ -111,7 +111,19 @@ impl IpamDelegate for ExecIpam {
         let input =
             serde_json::to_vec(req.config).map_err(|e| exec_err(std::io::Error::other(e)))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&input).map_err(exec_err)?;
+            match stdin.write_all(&input) {
+                Ok(()) => {}
+                // A delegate need not read its config (host-local's VERSION
+                // does not) and may have exited before we wrote it: its exit
+                // status and output decide, as with Go's os/exec (which
+                // ignores EPIPE on stdin) in libcni.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(exec_err(e));
+                }
+            }
         }
         let out = child.wait_with_output().map_err(exec_err)?;
         if out.status.success() {
@@ -279,6 +291,39 @@ mod tests {
         let r = add(&mut d, &req).unwrap();
         assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
         assert_eq!(d.0, vec!["ADD:1.1.0", "VERSION:1.1.0", "ADD:1.0.0"]);
+    }
+
+    /// host-local answers VERSION without reading its stdin and exits; a
+    /// write after that exit got EPIPE and failed the call (GC and STATUS
+    /// ask VERSION first: exit code 1 on a loaded machine, where the plugin
+    /// is descheduled between spawn and write). A config larger than the
+    /// pipe buffer makes the write outlast the delegate every time.
+    #[test]
+    fn delegate_that_does_not_read_its_config_is_fine() {
+        let path = [PathBuf::from("/usr/lib/cni")];
+        if find_plugin("host-local", &path).is_err() {
+            println!("skipped: needs /usr/lib/cni/host-local (containernetworking-plugins)");
+            return;
+        }
+        let cfg = serde_json::json!({
+            "cniVersion": "1.1.0", "name": "n", "type": "kroce-cni",
+            "ipam": {"type": "host-local"},
+            "padding": "x".repeat(1 << 20),
+        });
+        let args = CniArgs::default();
+        let req = IpamRequest {
+            command: Command::Version,
+            plugin: "host-local",
+            config: &cfg,
+            container_id: None,
+            netns: None,
+            ifname: None,
+            args: &args,
+            path: &path,
+        };
+        let out = ExecIpam.exec(&req).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert!(v["supportedVersions"].is_array(), "{v}");
     }
 
     #[test]

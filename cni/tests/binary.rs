@@ -325,6 +325,14 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
     }
 }
 
+/// The whole of one plugin run, for assertion messages.
+fn shown(out: &kroce_cni::testing::BinOutput) -> String {
+    format!(
+        "exit code {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.code, out.stdout, out.stderr
+    )
+}
+
 #[test]
 fn version_status_and_gc() {
     if skip_without_netns("version_status_and_gc") {
@@ -336,42 +344,75 @@ fn version_status_and_gc() {
     let out = bed
         .run_binary(Path::new(BIN), &env, br#"{"cniVersion":"1.0.0"}"#)
         .unwrap();
-    assert_eq!(out.code, 0);
+    assert_eq!(out.code, 0, "VERSION: {}", shown(&out));
     assert_eq!(
         out.json()["supportedVersions"],
-        json!(["0.4.0", "1.0.0", "1.1.0"])
+        json!(["0.4.0", "1.0.0", "1.1.0"]),
+        "VERSION: {}",
+        shown(&out)
     );
 
     env.insert("CNI_COMMAND".into(), "STATUS".into());
     env.insert("CNI_PATH".into(), "/usr/lib/cni".into());
     let cfg = bed.config(json!({"cniVersion": "1.1.0"}));
     let out = run(&bed, &env, &cfg);
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stderr);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, ""),
+        "STATUS: {}",
+        shown(&out)
+    );
     let out = run(
         &bed,
         &env,
         &bed.config(json!({"cniVersion": "1.1.0", "stateDir": "/dev/null/kroce"})),
     );
-    assert_eq!(out.json()["code"], 50, "{}", out.stdout);
+    assert_eq!(
+        out.json()["code"],
+        50,
+        "STATUS, bad stateDir: {}",
+        shown(&out)
+    );
     let out = run(
         &bed,
         &env,
         &bed.config(json!({"cniVersion": "1.1.0", "ipam": {"type": "no-such-ipam"}})),
     );
-    assert_eq!(out.json()["code"], 50, "{}", out.stdout);
-    assert!(out.stdout.contains("no-such-ipam"));
+    assert_eq!(out.json()["code"], 50, "STATUS, no IPAM: {}", shown(&out));
+    assert!(out.stdout.contains("no-such-ipam"), "{}", shown(&out));
 
     let cfg = bed.config(json!({"cniVersion": "1.1.0"}));
-    assert_eq!(run(&bed, &bed.env("ADD", "c1", "net1"), &cfg).code, 0);
+    let out = run(&bed, &bed.env("ADD", "c1", "net1"), &cfg);
+    assert_eq!(out.code, 0, "ADD: {}", shown(&out));
     env.insert("CNI_COMMAND".into(), "GC".into());
     let mut gc = cfg.clone();
     gc["cni.dev/valid-attachments"] = json!([{"containerID": "c1", "ifname": "net1"}]);
-    assert_eq!(run(&bed, &env, &gc).code, 0);
-    assert!(bed.pod.link("net1").is_some(), "valid attachment kept");
+    let out = run(&bed, &env, &gc);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, ""),
+        "GC, c1 valid: {}",
+        shown(&out)
+    );
+    assert!(
+        bed.pod.link("net1").is_some(),
+        "valid attachment kept: {}",
+        shown(&out)
+    );
     gc["cni.dev/valid-attachments"] = json!([]);
     let out = run(&bed, &env, &gc);
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stderr);
-    assert!(bed.pod.link("net1").is_none());
-    assert!(bed.host.link("ens1f0v0").is_some());
-    assert!(bed.leases().is_empty());
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, ""),
+        "GC, none valid: {}",
+        shown(&out)
+    );
+    assert!(bed.pod.link("net1").is_none(), "{}", shown(&out));
+    assert!(bed.host.link("ens1f0v0").is_some(), "{}", shown(&out));
+    assert!(
+        bed.leases().is_empty(),
+        "{:?} {}",
+        bed.leases(),
+        shown(&out)
+    );
 }
