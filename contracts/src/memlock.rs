@@ -123,6 +123,19 @@ impl Memlock {
         }
     }
 
+    /// A raw rlimit as text (`/proc/PID/limits`, kroce-nri's status file):
+    /// `unlimited` or any decimal `u64`, 0 included (a runtime's limit may
+    /// really be 0). Not the user grammar, which refuses 0 and suffixes.
+    pub fn parse_rlimit(text: &str) -> Option<Memlock> {
+        if text == UNLIMITED {
+            Some(Memlock::Unlimited)
+        } else if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            text.parse().ok().map(Memlock::from_rlimit)
+        } else {
+            None
+        }
+    }
+
     /// The raw rlimit value (for `setrlimit`, OCI `POSIXRlimit`).
     pub fn rlimit_value(self) -> u64 {
         match self {
@@ -334,6 +347,31 @@ mod tests {
         assert_eq!(v, serde_json::json!(["unlimited", 5]));
         let back: Vec<Memlock> = serde_json::from_value(v).expect("de");
         assert_eq!(back, [Memlock::Unlimited, Memlock::Bytes(5)]);
+    }
+
+    #[test]
+    fn raw_rlimits_take_zero_and_every_u64_but_no_grammar() {
+        assert_eq!(Memlock::parse_rlimit("0"), Some(Memlock::Bytes(0)));
+        assert_eq!(
+            Memlock::parse_rlimit("8388608"),
+            Some(Memlock::Bytes(8 << 20))
+        );
+        assert_eq!(Memlock::parse_rlimit("unlimited"), Some(Memlock::Unlimited));
+        assert_eq!(
+            Memlock::parse_rlimit("18446744073709551615"),
+            Some(Memlock::Unlimited)
+        );
+        for bad in ["", "64Gi", "+5", "-1", " 1", "18446744073709551616"] {
+            assert_eq!(Memlock::parse_rlimit(bad), None, "{bad:?}");
+        }
+        // Display writes what parse_rlimit reads, for every value.
+        for m in [
+            Memlock::Bytes(0),
+            Memlock::Bytes(u64::MAX - 1),
+            Memlock::Unlimited,
+        ] {
+            assert_eq!(Memlock::parse_rlimit(&m.to_string()), Some(m));
+        }
     }
 
     #[test]

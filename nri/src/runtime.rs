@@ -157,9 +157,14 @@ pub(crate) mod memlock_serde {
         s.collect_str(value)
     }
 
+    /// Raw rlimits, not the user grammar: a runtime's limit of 0 is real.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Memlock, D::Error> {
         let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
+        Memlock::parse_rlimit(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not \"unlimited\" or a decimal number of bytes"
+            ))
+        })
     }
 }
 
@@ -302,5 +307,14 @@ mod tests {
             serde_json::json!({"pid":1,"capSysResource":false,"initialUserNamespace":true,"memlockSoft":"8388608","memlockHard":"unlimited"})
         );
         assert_eq!(serde_json::from_value::<RuntimeLimits>(json).unwrap(), l);
+        // A runtime started with a memlock limit of 0 (raw rlimits are not
+        // the memlock grammar, which refuses 0).
+        let zero = RuntimeLimits {
+            memlock_soft: Memlock::Bytes(0),
+            memlock_hard: Memlock::Bytes(0),
+            ..l
+        };
+        let json = serde_json::to_value(zero).unwrap();
+        assert_eq!(serde_json::from_value::<RuntimeLimits>(json).unwrap(), zero);
     }
 }
