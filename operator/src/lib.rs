@@ -6,4 +6,5 @@ pub mod agent;
 pub mod controller;
 pub mod crd;
 pub mod doctor;
+pub mod logging;
 pub mod plan;

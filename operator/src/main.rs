@@ -23,6 +23,12 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
+    /// Log level for kroce's own crates (off, error, warn, info, debug,
+    /// trace; other crates stay at info or quieter), or a full tracing
+    /// filter such as "info,kube=debug", used as it is. Unset: RUST_LOG,
+    /// else info.
+    #[arg(long, global = true, env = kroce_contracts::log::LOG_LEVEL_ENV)]
+    log_level: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -147,16 +153,19 @@ enum Cmd {
     },
 }
 
-fn init_tracing() {
+fn init_tracing(level: Option<&str>) -> anyhow::Result<()> {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let directives = kroce_operator::logging::directives(level, rust_log.as_deref())?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .with_context(|| format!("bad log filter {directives:?}"))?;
     tracing_subscriber::fmt()
         // No colour codes in container logs.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
         .init();
+    tracing::debug!(filter = %directives, "log filter");
+    Ok(())
 }
 
 fn read_spec(path: &PathBuf) -> anyhow::Result<RdmaNodeStateSpec> {
@@ -187,10 +196,13 @@ fn main() -> anyhow::Result<()> {
             managed,
         } => apply_once(&spec_file, &host, &managed),
         Cmd::Doctor { host, args } => doctor_once(&host, &args),
-        cmd => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(serve_cluster(cmd)),
+        cmd => {
+            init_tracing(cli.log_level.as_deref())?;
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(serve_cluster(cmd))
+        }
     }
 }
 
@@ -269,7 +281,6 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             drain_held_vfs,
             admission,
         } => {
-            init_tracing();
             let identity = match (leader_election, leader_identity) {
                 (true, None) => anyhow::bail!(
                     "--leader-election needs this replica's identity: set POD_NAME from the \
@@ -327,7 +338,6 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             listen,
             checks,
         } => {
-            init_tracing();
             let client = kube::Client::try_default()
                 .await
                 .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;

@@ -215,3 +215,41 @@ fn the_node_agent_binary_runs_over_tls_and_exits_0_on_sigterm() {
     let status = status.expect("SIGTERM ends the agent");
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+/// `KROCE_LOG_LEVEL=debug` is debug for kroce's crates only: the
+/// controller's own debug lines show, none from kube, hyper, h2, rustls.
+#[test]
+fn kroce_log_level_debug_is_debug_for_kroce_crates_only() {
+    let Some(server) = start_server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let path = kubeconfig(dir.path(), server.port);
+    let out = bin()
+        .args([
+            "controller",
+            "--leader-election=false",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", &path)
+        .env("KROCE_LOG_LEVEL", "debug")
+        .env_remove("RUST_LOG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let debug: Vec<&str> = stderr.lines().filter(|l| l.contains(" DEBUG ")).collect();
+    assert!(
+        debug
+            .iter()
+            .any(|l| l.contains("kroce_operator") && l.contains("log filter")),
+        "no kroce debug line:\n{stderr}"
+    );
+    let foreign: Vec<&&str> = debug
+        .iter()
+        .filter(|l| !(l.contains(" kroce_") || l.contains(" sriov_helpers")))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "debug lines of other crates:\n{foreign:#?}"
+    );
+}
