@@ -325,6 +325,13 @@ pub fn nri_socket(host_root: &Path, given: Option<&Path>) -> PathBuf {
     given.map_or_else(|| host_root.join(DEFAULT_NRI_SOCKET), Path::to_path_buf)
 }
 
+/// A memlock size in the grammar every kroce component reads, as bytes
+/// (`unlimited` is `u64::MAX`).
+fn memlock_bytes(s: &str) -> Result<u64, kroce_contracts::MemlockError> {
+    s.parse::<kroce_contracts::Memlock>()
+        .map(kroce_contracts::Memlock::rlimit_value)
+}
+
 /// `kroce-operator doctor` flags (the host root flags come from the caller).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DoctorArgs {
@@ -334,8 +341,9 @@ pub struct DoctorArgs {
     /// The RoCE traffic priority (the network's qos.pfcPriority).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=7))]
     pub roce_priority: u8,
-    /// Smallest memlock limit (bytes) RDMA containers should get.
-    #[arg(long, default_value_t = doctor::DEFAULT_MIN_MEMLOCK_BYTES)]
+    /// Smallest memlock limit RDMA containers should get, in bytes: a
+    /// number or a quantity such as `64Mi` (the one memlock grammar).
+    #[arg(long, default_value_t = doctor::DEFAULT_MIN_MEMLOCK_BYTES, value_parser = memlock_bytes)]
     pub min_memlock: u64,
     /// Check only these PF netdevs (default: every PF with an RDMA device, and soft devices).
     #[arg(long = "pf", value_delimiter = ',')]
@@ -442,6 +450,30 @@ pub fn run(cfg: &DoctorConfig, live: &dyn LiveNet) -> Result<DoctorReport, Docto
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        doctor: DoctorArgs,
+    }
+
+    #[test]
+    fn min_memlock_takes_the_one_memlock_grammar() {
+        let parse = |v: &str| Cli::try_parse_from(["doctor", "--min-memlock", v]);
+        assert_eq!(parse("64Mi").unwrap().doctor.min_memlock, 64 << 20);
+        assert_eq!(parse("1048576").unwrap().doctor.min_memlock, 1 << 20);
+        assert_eq!(
+            Cli::try_parse_from(["doctor"]).unwrap().doctor.min_memlock,
+            doctor::DEFAULT_MIN_MEMLOCK_BYTES
+        );
+        let err = parse("64g").err().unwrap().to_string();
+        assert!(
+            err.contains("--min-memlock") && err.contains("\"64g\""),
+            "{err}"
+        );
+    }
+
     use super::*;
 
     #[test]
