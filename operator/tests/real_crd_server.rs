@@ -79,7 +79,7 @@ fn managers<K: Resource>(obj: &K) -> Vec<(String, String)> {
 #[tokio::test]
 async fn the_generated_crds_are_accepted_structural_and_established() {
     let Some(srv) = server() else { return };
-    eprintln!("server healthy after {:.1} s", srv.seconds_to_healthy);
+    eprintln!("{} healthy after {:.1} s", srv.url, srv.seconds_to_healthy);
     let api: Api<CustomResourceDefinition> = Api::all(srv.client().await);
     let sent = crd_server::crds();
     assert_eq!(

@@ -17,8 +17,6 @@
 //! Nodes, Pods, ConfigMaps, Leases or Events: tests of code that needs
 //! those keep using the in-memory mock (`controller::mock`).
 
-#![allow(dead_code)]
-
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -26,7 +24,6 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -92,10 +89,21 @@ static SERVER: OnceLock<Result<CrdServer, String>> = OnceLock::new();
 pub fn server() -> Option<&'static CrdServer> {
     let peers = peers()?;
     // Started on a thread of its own: callers may be inside a runtime.
+    // Ports are picked free and then bound by the servers: another process
+    // can take one in between, so that failure is retried.
     let init = || {
-        std::thread::spawn(move || start(&peers))
-            .join()
-            .unwrap_or_else(|_| Err("the start thread panicked".into()))
+        let mut tries = 0;
+        loop {
+            let p = peers.clone();
+            let r = std::thread::spawn(move || start(&p))
+                .join()
+                .unwrap_or_else(|_| Err("the start thread panicked".into()));
+            tries += 1;
+            match r {
+                Err(e) if tries < 3 && e.contains("address already in use") => continue,
+                r => return r,
+            }
+        }
     };
     match SERVER.get_or_init(init) {
         Ok(s) => Some(s),
@@ -113,11 +121,6 @@ impl CrdServer {
             .await
             .expect("client config");
         kube::Client::try_from(config).expect("client")
-    }
-
-    /// The last lines of a server's log (`etcd` or `apiserver`).
-    pub fn log_tail(&self, name: &str) -> String {
-        log_tail(&self.dir, name)
     }
 }
 
@@ -429,11 +432,4 @@ async fn install_crds(server: &CrdServer) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Reads a child's whole stderr (after it exited or was killed).
-pub fn read_all(mut r: impl Read) -> String {
-    let mut s = String::new();
-    let _ = r.read_to_string(&mut s);
-    s
 }
