@@ -53,7 +53,13 @@ unpack() {
   shift
   [ -f "$dest/.complete" ] && return 0
   rm -rf "$dest.tmp" && mkdir -p "$dest.tmp/debs"
-  (cd "$dest.tmp/debs" && apt_unstable download -qq "$@" >&2)
+  # Unstable drops superseded versions; snapshot.debian.org is not
+  # reachable from here, so a pin that is gone must be moved (for the
+  # apiextensions-apiserver: regenerate ci/apiextensions-packages.txt).
+  (cd "$dest.tmp/debs" && apt_unstable download -qq "$@" >&2) || {
+    echo "real-peers: cannot download the $# packages for $dest (a pinned version no longer in Debian unstable?)" >&2
+    return 1
+  }
   # apt-get download has been seen to exit 0 having fetched nothing.
   local got
   got=$(find "$dest.tmp/debs" -name '*.deb' | wc -l)
