@@ -908,6 +908,16 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
         Some(0),
         "SIGTERM ends the controller cleanly:\n{stderr}"
     );
+    // Its first write went through: the cleanup finalizer, by JSON patch.
+    let net = rt.block_on(async {
+        let api: Api<RdmaNetwork> = Api::all(srv.client().await);
+        api.get("controller-smoke").await.unwrap()
+    });
+    assert_eq!(
+        net.metadata.finalizers.as_deref(),
+        Some(&[kroce_operator::controller::FINALIZER.to_string()][..]),
+        "{stderr}"
+    );
 }
 
 /// With leader election the controller needs Leases, which this server
