@@ -102,6 +102,18 @@ pub fn socket_problem(socket: &Path) -> Option<NriStatus> {
     })
 }
 
+/// For checks that repeat (the node agent's, every pass): a unix socket at
+/// `socket` counts as reachable, judged without connecting, because
+/// containerd logs each connection that closes unregistered as an error.
+/// A stale socket of a stopped runtime passes here; kroce-nri's own
+/// connection attempts (and its status file) tell that case.
+pub fn nri_socket_status(socket: &Path) -> NriStatus {
+    socket_problem(socket).unwrap_or_else(|| NriStatus {
+        socket: socket.to_owned(),
+        reachability: Reachability::Reachable,
+    })
+}
+
 fn classify(socket: &Path, err: &io::Error) -> Reachability {
     use std::os::unix::fs::FileTypeExt;
     // connect(2) says ECONNREFUSED for a regular file; tell the admin what it is.

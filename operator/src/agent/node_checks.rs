@@ -11,7 +11,7 @@ use super::counters::{Counters, now_ms};
 use crate::crd::{Condition, ConditionStatus, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use kroce_admission::counters::{CongestionLimits, CounterSnapshot, congestion_condition};
 use kroce_admission::doctor::{DoctorOptions, DoctorReport, NetState, Status, names};
-use kroce_nri::reachability::{NriStatus, nri_reachable};
+use kroce_nri::reachability::{NriStatus, nri_socket_status};
 use sriov_helpers::Host;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -222,7 +222,8 @@ impl NodeChecks {
     ) -> Vec<Condition> {
         let root = self.counters.root.clone();
         let host = Host::scan(&root);
-        let nri = nri_reachable(&self.config.nri_socket);
+        // No connection: containerd logs an unregistered one as an error.
+        let nri = nri_socket_status(&self.config.nri_socket);
         let mut out = vec![nri_condition(&nri)];
         let granted = crate::doctor::nri_memlock_check(
             kroce_nri::status::read(&self.config.nri_status),
@@ -478,10 +479,19 @@ mod tests {
         let c = find(&cs, NRI_CONDITION);
         assert!(!c.is_true());
         assert!(c.message.contains("nri.sock") && c.message.contains("LimitMEMLOCK=infinity"));
-        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        l.set_nonblocking(true).unwrap();
         let cs = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 2);
         let c = find(&cs, NRI_CONDITION);
         assert!(c.is_true() && c.reason == "Reachable");
+        // Every pass without a connection: containerd would log each one
+        // that closes unregistered as an error (issue 10, item 7).
+        let _ = nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 3);
+        assert_eq!(
+            l.accept().map(|_| ()).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock),
+            "the node agent connected to the NRI socket"
+        );
     }
 
     /// kroce-nri capped a request at the runtime's hard limit: the node says
