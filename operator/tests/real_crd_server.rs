@@ -573,6 +573,117 @@ async fn attachment_definitions_apply_and_are_found_by_their_network_label() {
     assert_eq!(found, ["team-a", "team-b"]);
 }
 
+/// The controller's own `reconcile` (what `controller` runs per network):
+/// kroce.io kinds and attachment definitions on the real server, core
+/// kinds (Nodes, ConfigMap, Events) from a stub (`core_stub`), as this
+/// server has none. First pass: the finalizer; then a node state awaiting
+/// inventory, owned by its Node; with the agent's inventory reported, the
+/// PF config, the attachment definition and the network's status.
+#[tokio::test]
+async fn the_controllers_reconcile_writes_node_states_nads_and_status_to_the_real_server() {
+    use crd_server::core_stub::CoreStub;
+    use kroce_operator::controller::{Context, FINALIZER, metrics::Metrics, reconcile};
+    use kroce_operator::crd::ObservedPf;
+    use kroce_operator::plan::nad::NetworkAttachmentDefinition;
+    use std::sync::Arc;
+
+    let Some(srv) = server() else { return };
+    let node = "ctl-n1";
+    let node_uid = "0b0f5d9e-4a1c-4d2e-9a57-7c1f2f6e0001";
+    let stub = Arc::new(CoreStub {
+        nodes: vec![json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "uid": node_uid, "labels": {"kroce.io/test": "ctl"}}})],
+        ..Default::default()
+    });
+    let client = srv.split_client(stub.clone()).await;
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        "kroce-system",
+        "kroce-device-plugin",
+        Arc::new(Metrics::default()),
+    ));
+    let nets: Api<RdmaNetwork> = Api::all(client.clone());
+    let states: Api<RdmaNodeState> = Api::all(client.clone());
+    // ens9f0: no other test's network names this PF.
+    let spec: RdmaNetworkSpec = serde_json::from_value(json!({
+        "nodeSelector": {"kroce.io/test": "ctl"},
+        "nicSelector": {"pfNames": ["ens9f0"]}, "numVfs": 4,
+        "networkNamespaces": ["team-c"]
+    }))
+    .unwrap();
+    nets.create(&PostParams::default(), &RdmaNetwork::new("ctl-net", spec))
+        .await
+        .unwrap();
+    let pass = || async {
+        let net = nets.get("ctl-net").await.unwrap();
+        reconcile(Arc::new(net), ctx.clone())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "reconcile: {e}; core stub saw {:?}",
+                    stub.seen.lock().unwrap()
+                )
+            });
+    };
+    pass().await;
+    let net = nets.get("ctl-net").await.unwrap();
+    assert_eq!(net.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
+
+    pass().await;
+    let state = states.get(node).await.unwrap();
+    assert_eq!(state.spec.node_name, node);
+    assert!(
+        state.spec.pfs.is_empty(),
+        "no inventory yet: {:?}",
+        state.spec
+    );
+    let owner = &state.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Node", node_uid)
+    );
+    assert!(managers(&state).contains(&(MANAGER.to_string(), String::new())));
+
+    // The agent's inventory: one PF the network selects.
+    let mut st = agent_status(None);
+    st.pfs = vec![ObservedPf {
+        pci_address: "0000:af:00.0".into(),
+        if_name: Some("ens9f0".into()),
+        vendor: "15b3".into(),
+        device_id: "101d".into(),
+        total_vfs: 8,
+        ..Default::default()
+    }];
+    report(&states, node, &st).await;
+    pass().await;
+    let state = states.get(node).await.unwrap();
+    let pf = state
+        .spec
+        .pfs
+        .iter()
+        .find(|p| p.if_name == "ens9f0")
+        .unwrap_or_else(|| panic!("no PF config: {:?}", state.spec));
+    assert_eq!(pf.num_vfs, 4);
+    assert!(
+        pf.vf_groups.iter().any(|g| g.network == "ctl-net"),
+        "{pf:?}"
+    );
+    let nads: Api<NetworkAttachmentDefinition> = Api::namespaced(client.clone(), "team-c");
+    let nad = nads.get("ctl-net").await.unwrap();
+    assert!(nad.spec.config.contains("kroce-cni"), "{}", nad.spec.config);
+    let net = nets.get("ctl-net").await.unwrap();
+    let status = net.status.expect("the network's status");
+    assert_eq!(status.matched_nodes, 1, "{status:?}");
+    assert_eq!(status.observed_generation, net.metadata.generation);
+    // The device plugin ConfigMap went to the stub (core kind).
+    let seen = stub.seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|r| r.starts_with("PATCH") && r.contains("/configmaps/kroce-device-plugin")),
+        "{seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_second_manager_without_force_conflicts_and_with_force_takes_over() {
     let Some(srv) = server() else { return };

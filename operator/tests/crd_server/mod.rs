@@ -17,6 +17,8 @@
 //! Nodes, Pods, ConfigMaps, Leases or Events: tests of code that needs
 //! those keep using the in-memory mock (`controller::mock`).
 
+pub mod core_stub;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
