@@ -35,6 +35,7 @@ pub struct NicSelector {
     pub pf_names: Vec<String>,
     /// PF PCI addresses (`0000:3b:00.0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "root_devices_schema")]
     pub root_devices: Vec<String>,
     /// Netdevs carrying a soft RDMA device (rxe over a macvlan per "VF"),
     /// one device each, advertised as they are; leave `numVfs` unset.
@@ -88,6 +89,19 @@ fn pf_names_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                 "rule": r"self.matches('^[^/:\\s#]{1,15}(#[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$')",
                 "message": "pfNames entries are a netdev name (1-15 characters), optionally with VF indices: ens1f0 or ens1f0#0-3,6"
             }]
+        }
+    })
+}
+
+/// PCI addresses as `sriov_helpers::PciAddress` parses them: `DDDD:BB:DD.F`
+/// or `BB:DD.F`, device below 0x20, function below 8.
+fn root_devices_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {
+            "type": "string",
+            "maxLength": 13,
+            "pattern": r"^([0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[01]?[0-9a-fA-F]\.[0-7]$"
         }
     })
 }
@@ -244,10 +258,10 @@ impl Default for QosSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(
     "!has(self.vlanQoS) || (has(self.vlan) && self.vlan > 0)"
-).message("vlanQoS needs a non-zero vlan: the priority travels in the VLAN tag"))]
+).message("vlanQoS needs a non-zero vlan: the priority travels in the VLAN tag").field_path(".vlanQoS"))]
 #[x_kube(validation = Rule::new(
     "!has(self.nicSelector.pfNames) || !has(self.numVfs) || self.nicSelector.pfNames.all(p, !p.contains('#') || p.split('#')[1].split(',').all(r, r.split('-').all(i, int(i) < self.numVfs)))"
-).message("nicSelector.pfNames uses a VF index at or above numVfs (VFs are 0 to numVfs-1)"))]
+).message("nicSelector.pfNames uses a VF index at or above numVfs (VFs are 0 to numVfs-1)").field_path(".nicSelector.pfNames"))]
 #[x_kube(validation = Rule::new(
     "has(self.nicSelector.ifNames) || (has(self.numVfs) && self.numVfs > 0)"
 ).message("numVfs (at least 1) is required when nicSelector selects PFs (vendor, deviceID, pfNames, rootDevices)"))]

@@ -203,6 +203,11 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
     {
         errors.push(err("spec.irqAffinity.reservedCpus", e.to_string()));
     }
+    if let Some(n) = spec.num_vfs
+        && n > 4096
+    {
+        errors.push(err("spec.numVfs", format!("{n} is above 4096")));
+    }
     if let Some(mtu) = spec.mtu
         && !(576..=9216).contains(&mtu)
     {
