@@ -53,6 +53,18 @@ pub fn env_filter_directives(level: &str) -> Result<String, LogLevelError> {
     Ok(directives.join(","))
 }
 
+/// The directives a binary starts with: its `--log-level` (env
+/// [`LOG_LEVEL_ENV`]) by [`env_filter_directives`]; without one, `RUST_LOG`
+/// as it is (the tracing convention, for experts); else `info` by the same
+/// rule.
+pub fn resolve(level: Option<&str>, rust_log: Option<&str>) -> Result<String, LogLevelError> {
+    match (level, rust_log) {
+        (Some(level), _) => env_filter_directives(level),
+        (None, Some(filter)) if !filter.trim().is_empty() => Ok(filter.to_owned()),
+        (None, _) => env_filter_directives("info"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +91,16 @@ mod tests {
                 .expect("error")
                 .starts_with("error,")
         );
+    }
+
+    #[test]
+    fn level_wins_then_rust_log_then_info() {
+        let debug = env_filter_directives("debug").expect("debug");
+        assert_eq!(resolve(Some("debug"), Some("trace")), Ok(debug));
+        assert_eq!(resolve(None, Some("h2=trace")), Ok("h2=trace".to_owned()));
+        assert_eq!(resolve(None, Some(" ")), env_filter_directives("info"));
+        assert_eq!(resolve(None, None), env_filter_directives("info"));
+        assert!(resolve(Some("loud"), None).is_err());
     }
 
     #[test]

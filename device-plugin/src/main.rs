@@ -114,11 +114,8 @@ impl Cli {
 fn init_logs(cli: &Cli) -> anyhow::Result<()> {
     // A level applies to kroce's crates only (debug must not turn on h2's
     // frame logs); a full filter, or RUST_LOG, is used as it is.
-    let directives = match (&cli.log_level, std::env::var("RUST_LOG")) {
-        (Some(level), _) => kroce_contracts::log::env_filter_directives(level)?,
-        (None, Ok(filter)) if !filter.is_empty() => filter,
-        (None, _) => kroce_contracts::log::env_filter_directives("info")?,
-    };
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let directives = kroce_contracts::log::resolve(cli.log_level.as_deref(), rust_log.as_deref())?;
     let filter = tracing_subscriber::EnvFilter::try_new(&directives)
         .with_context(|| format!("bad log filter {directives:?}"))?;
     // No colour codes in container logs.

@@ -67,7 +67,14 @@ struct Cli {
     #[arg(long)]
     check: bool,
 
-    /// Log format on stderr; the level comes from RUST_LOG (default info).
+    /// Log level for kroce's own crates (error, warn, info, debug, trace;
+    /// other crates stay at info or quieter), or a full tracing filter such
+    /// as "info,h2=debug" used as it is [default: $RUST_LOG as a filter,
+    /// else info].
+    #[arg(long, env = kroce_contracts::log::LOG_LEVEL_ENV)]
+    log_level: Option<String>,
+
+    /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
@@ -80,7 +87,10 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    if let Err(err) = init_logging(cli.log_level.as_deref(), cli.log_format) {
+        eprintln!("kroce-nri: {err}");
+        return ExitCode::from(2);
+    }
     if cli.check {
         let status = nri_reachable(&cli.socket);
         println!("{}", status.message());
@@ -99,9 +109,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+fn init_logging(level: Option<&str>, format: LogFormat) -> anyhow::Result<()> {
+    // The rule every kroce binary shares: a level is for kroce's crates only.
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let directives = kroce_contracts::log::resolve(level, rust_log.as_deref())?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .map_err(|e| anyhow::anyhow!("bad log filter {directives:?}: {e}"))?;
     // No colour codes in container logs.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -112,6 +125,7 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

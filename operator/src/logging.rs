@@ -4,15 +4,8 @@
 //! string is used as it is. Without either, `RUST_LOG` as it is, else info.
 
 pub use kroce_contracts::log::LogLevelError;
-
 /// `EnvFilter` directives from the `--log-level` value and `RUST_LOG`.
-pub fn directives(level: Option<&str>, rust_log: Option<&str>) -> Result<String, LogLevelError> {
-    match (level, rust_log) {
-        (Some(level), _) => kroce_contracts::log::env_filter_directives(level),
-        (None, Some(filter)) if !filter.trim().is_empty() => Ok(filter.to_string()),
-        (None, _) => kroce_contracts::log::env_filter_directives("info"),
-    }
-}
+pub use kroce_contracts::log::resolve as directives;
 
 #[cfg(test)]
 mod tests {
