@@ -659,20 +659,7 @@ fn unhealthy_devices(ps: &crate::snapshot::PoolSnapshot) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::config::{Format, parse};
-    use std::sync::Mutex;
-
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::testing::CapturedLogs;
 
     #[test]
     fn device_info_files_are_ours_only_with_a_pool_prefix_and_a_device_id() {
@@ -714,16 +701,12 @@ mod tests {
         .unwrap();
         let c = inventory::candidates(&HostView::scan(&fx.root()), &mut Memory::default());
         let snap = Snapshot::build(&cfg, c, &|_, _| false);
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
+        let out = CapturedLogs::default();
+        let subscriber = out.subscriber(tracing::Level::INFO);
         tracing::subscriber::with_default(subscriber, || {
             log_changes(&Snapshot::default(), &snap);
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
         let vf = lines.iter().find(|l| l.contains("rdma/vf")).unwrap();

@@ -221,20 +221,7 @@ mod tests {
     use crate::host_view::HostView;
     use crate::inventory::{Memory, candidates};
     use crate::snapshot::Snapshot;
-    use std::sync::Mutex;
-
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::testing::CapturedLogs;
 
     /// `rdma/hca: 2` from a shared pool: two HCAs (one per NUMA node here,
     /// since each node has one), and the decision logged at debug.
@@ -253,13 +240,8 @@ mod tests {
         let shared = Arc::new(Shared::new(rx, false, PathBuf::from("/nonexistent")));
         let (_stop_tx, stop) = watch::channel(false);
         let svc = DevicePluginService::new(cfg.pools[0].resource.clone(), shared, stop);
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
+        let out = CapturedLogs::default();
+        let subscriber = out.subscriber(tracing::Level::DEBUG);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -281,7 +263,7 @@ mod tests {
             got.container_responses[0].device_i_ds,
             ["0000:3b:00.0-0", "0000:86:00.0-0"]
         );
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         let line = text
             .lines()
             .find(|l| l.contains("GetPreferredAllocation"))

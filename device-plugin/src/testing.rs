@@ -523,3 +523,37 @@ pub fn connectx_pair() -> (tempfile::TempDir, sriov_helpers::fixture::FixtureHos
     fx.populate_connectx6dx_pair().unwrap();
     (dir, fx)
 }
+
+/// What a test's code logged: a plain-text tracing subscriber writing into
+/// memory, for tests of log lines.
+#[derive(Clone, Debug, Default)]
+pub struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    /// A subscriber (no colour) writing here, `level` and above.
+    pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(level)
+            .finish()
+    }
+
+    pub fn text(&self) -> String {
+        let bytes = self.0.lock().map(|b| b.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut b) = self.0.lock() {
+            b.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
