@@ -16,7 +16,8 @@
 //! limit (this machine's root lacks CAP_SYS_RESOURCE, as rootless and nested
 //! runtimes do) and starts; removing the sandbox runs DEL and gives the VF,
 //! its MAC and MTU back and removes claim, lease and memlock file; cycles
-//! leak nothing.
+//! leak nothing; containerd killed -9 with a pod running, and in the middle
+//! of an ADD, and kroce-nri restarted: everything converges.
 //!
 //! Needs root, netns, and the peers of `ci/real-peers.sh`; skips without
 //! them, except in CI, where a skip is a failure.
@@ -642,7 +643,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     // 3. Pod churn leaks nothing.
     use_conflist(&rig, &mut cri, &conflist(&rig, Some("4Mi"))).await;
     let netns_before = files_in(Path::new("/run/netns"));
-    for i in 0..5 {
+    for i in 0..20 {
         let pod = run_pod(&rig, &mut cri, &format!("cycle{i}")).await;
         let c = start_container(&mut cri, &pod, "c", BTreeMap::new())
             .await
@@ -699,5 +700,85 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     remove_container(&mut cri, &c.id).await;
     remove_pod(&rig, &mut cri, &pod).await;
     assert_node_clean(&rig, "after the crashes");
+
+    // 5. containerd killed -9 in the middle of kroce-cni's ADD (an IPAM
+    //    delegate that takes 2 s gives the time): the orphaned ADD finishes
+    //    on its own; after the restart the test plays the kubelet (lists the
+    //    sandboxes, stops and removes those not ready, runs the pod again).
+    let slow = rig.ctd.cni_bin.join("slow-host-local");
+    std::fs::write(
+        &slow,
+        format!(
+            "#!/bin/sh\n[ \"$CNI_COMMAND\" = ADD ] && sleep 2\nexec {CNI_BIN_DIR}/host-local \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &slow,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+    )
+    .unwrap();
+    let mut slow_conf: Value = serde_json::from_str(&conflist(&rig, Some("4Mi"))).unwrap();
+    slow_conf["plugins"][0]["ipam"]["type"] = json!("slow-host-local");
+    use_conflist(&rig, &mut cri, &slow_conf.to_string()).await;
+    let mut in_flight = cri.clone();
+    let config = sandbox_config("crash-add", &rig.dir.join("logs"));
+    let run = tokio::spawn(async move {
+        in_flight
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !files_in(&rig.state_dir)
+        .iter()
+        .any(|f| f.starts_with("vf/"))
+    {
+        assert!(Instant::now() < deadline, "kroce-cni ADD never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.ctd.kill9();
+    assert!(
+        run.await.unwrap().is_err(),
+        "RunPodSandbox cannot succeed: containerd died"
+    );
+    // The orphaned kroce-cni (and its delegate) finish by themselves.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    rig.ctd.start().unwrap();
+    let mut cri = rig.ctd.cri().await.unwrap();
+    wait_synchronized(&rig.nri, &rig.ctd, 2);
+    use_conflist(&rig, &mut cri, &conflist(&rig, Some("4Mi"))).await;
+    let sandboxes = cri
+        .list_pod_sandbox(cri::ListPodSandboxRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    // containerd recorded the sandbox before networking it: it comes back
+    // not ready, and the kubelet's stop/remove runs CNI DEL.
+    assert!(
+        sandboxes.iter().any(
+            |sb| sb.metadata.as_ref().is_some_and(|m| m.name == "crash-add")
+                && sb.state == cri::PodSandboxState::SandboxNotready as i32
+        ),
+        "the interrupted sandbox is listed not ready: {sandboxes:?}"
+    );
+    for sb in sandboxes {
+        let id = sb.id.clone();
+        let _ = cri
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        let _ = cri
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await;
+    }
+    assert_node_clean(&rig, "after the kubelet's clean-up of the interrupted ADD");
+    let pod = run_pod(&rig, &mut cri, "crash-add").await;
+    remove_pod(&rig, &mut cri, &pod).await;
+    assert_node_clean(&rig, "after a crash during ADD");
     let _ = std::fs::remove_dir_all(&rig.dir);
 }
