@@ -25,7 +25,7 @@ mod rig;
 use kroce_cni::testing::NetnsGuard;
 use kroce_cni::testing::testbed::{LinkView, unique_tag};
 use kroce_device_plugin::api;
-use kroce_device_plugin::testing::{KubeletStandIn, scratch_dir};
+use kroce_device_plugin::testing::{KubeletStandIn, PodResourcesStandIn, scratch_dir};
 use rig::bins::Binaries;
 use rig::icmp;
 use rig::kernel::{KernelEvent, fixture_mac};
@@ -125,6 +125,8 @@ struct Pod {
 struct Scene {
     plugin: Option<Daemon>,
     kubelet: Option<KubeletStandIn>,
+    /// What pods hold, as the kubelet's PodResources API tells the plugin.
+    pod_resources: Option<PodResourcesStandIn>,
     rt: tokio::runtime::Runtime,
     pods: Vec<Pod>,
     node: Node,
@@ -139,6 +141,10 @@ impl Scene {
 
     fn kubelet(&self) -> &KubeletStandIn {
         self.kubelet.as_ref().unwrap()
+    }
+
+    fn pod_resources(&self) -> &PodResourcesStandIn {
+        self.pod_resources.as_ref().unwrap()
     }
 
     fn plugin_log(&self) -> String {
@@ -163,6 +169,13 @@ impl Scene {
             .block_on(KubeletStandIn::start(&self.dir("kubelet")))
             .unwrap();
         self.kubelet = Some(kubelet);
+        let pod_resources = self
+            .rt
+            .block_on(PodResourcesStandIn::start(
+                &self.dir("pod-resources/kubelet.sock"),
+            ))
+            .unwrap();
+        self.pod_resources = Some(pod_resources);
         let mut cmd = Command::new(&self.bins.device_plugin);
         cmd.env_clear()
             .arg("--config")
@@ -175,6 +188,8 @@ impl Scene {
             .arg(self.dir("devinfo"))
             .arg("--cdi-dir")
             .arg(self.dir("cdi"))
+            .arg("--pod-resources-socket")
+            .arg(self.dir("pod-resources/kubelet.sock"))
             .args(["--rescan-ms", "100", "--log-level", "info"]);
         let plugin = Daemon::start(
             "kroce-device-plugin",
@@ -390,6 +405,7 @@ fn a_whole_node_without_kubernetes() {
     let mut s = Scene {
         plugin: None,
         kubelet: None,
+        pod_resources: None,
         rt,
         pods: Vec::new(),
         node,
@@ -516,7 +532,20 @@ fn a_whole_node_without_kubernetes() {
     )));
     assert_eq!(left.len(), 4);
 
-    // SIGTERM: the plugin removes its socket and device-info files.
+    // The pods are gone from PodResources: once its own Allocates are past
+    // their grace, the running plugin removes their device-info files.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !files_in(&s.dir("devinfo")).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "device-info files of released VFs stay: {:?}\n{}",
+            files_in(&s.dir("devinfo")),
+            s.plugin_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // SIGTERM: the plugin removes its socket and the device-info files of
+    // devices no pod holds (none left here).
     let mut plugin = s.plugin.take().unwrap();
     assert!(
         plugin.exited().is_none(),
@@ -527,8 +556,9 @@ fn a_whole_node_without_kubernetes() {
     assert!(status.success(), "{status}\n{}", plugin.log_text());
     assert!(
         files_in(&s.dir("devinfo")).is_empty(),
-        "{:?}",
-        files_in(&s.dir("devinfo"))
+        "{:?}\n{}",
+        files_in(&s.dir("devinfo")),
+        plugin.log_text()
     );
     assert_eq!(files_in(&s.dir("kubelet")), ["kubelet.sock"]);
 }
@@ -724,6 +754,8 @@ fn allocate(s: &Scene, name: &'static str, tag: &str, vf: PciAddress) -> Pod {
         }))
         .unwrap_or_else(|e| panic!("Allocate {vf}: {e}\n{}", s.plugin_log()))
         .into_inner();
+    // The kubelet lists the pod's device once the container is created.
+    s.pod_resources().run_pod(name, RESOURCE, &[&vf_s]);
     assert_eq!(resp.container_responses.len(), 1);
     let c = &resp.container_responses[0];
     // Device specs: exactly the VF's char devices plus rdma_cm.
@@ -904,6 +936,7 @@ fn cni_add_ping_check_del(s: &Scene) {
             );
         }
         assert!(pod.netns.link("net1").is_none());
+        s.pod_resources().delete_pod(pod.name);
     }
     // Back as before: names, ifindexes, MACs, MTUs, up/down of every link.
     assert_eq!(s.node_links(), before);
