@@ -27,6 +27,15 @@ const BW_D: &str = "\
 ---------------------------------------------------------------------------------------
 ";
 
+/// The runner under test: `KROCE_BIN_DIR/kroce-perftest-run` when set (CI
+/// points it at the shipped release build), else this package's build.
+fn runner_bin() -> std::path::PathBuf {
+    std::env::var_os("KROCE_BIN_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_BIN_EXE_kroce-perftest-run")),
+        |d| std::path::PathBuf::from(d).join("kroce-perftest-run"),
+    )
+}
+
 fn lat_fixture() -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/fixtures/perftest/ib_read_lat-client-azure-aks.txt");
@@ -215,7 +224,7 @@ fn runner(s: &Stage, role: &str) -> Command {
 }
 
 fn runner_on(s: &Stage, role: &str, sys: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kroce-perftest-run"));
+    let mut c = Command::new(runner_bin());
     let path = format!(
         "{}:{}",
         s.bin.display(),
@@ -346,7 +355,7 @@ fn missing_gid_is_an_error_section_naming_the_device() {
     assert!(err.contains(&other) && err.contains("RoCE v2 GID"), "{err}");
     assert!(!s.argv_log.exists(), "no perftest ran");
     // No device info at all.
-    let out = Command::new(env!("CARGO_BIN_EXE_kroce-perftest-run"))
+    let out = Command::new(runner_bin())
         .env_clear()
         .arg("server")
         .output()

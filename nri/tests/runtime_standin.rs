@@ -1,6 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The plugin against a runtime stand-in that speaks the runtime side of NRI
 //! (mux + ttrpc + NRI protobuf) over a unix socket in a tempdir.
+//!
+//! The real runtime is in `e2e/tests/containerd.rs` (containerd 2.1.9's NRI
+//! drives kroce-nri there). This stand-in stays for what a real runtime does
+//! not produce on demand: malformed frames and messages, a registration
+//! that is never acknowledged, unknown methods, a runtime that vanishes at a
+//! chosen point of the protocol, and the exact bytes of each exchange.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
