@@ -164,7 +164,7 @@ async fn follow(inner: Arc<Inner>, resource: String, endpoint: String) {
 #[derive(Debug)]
 pub struct KubeletStandIn {
     inner: Arc<Inner>,
-    server: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    server: Option<Serving>,
 }
 
 impl KubeletStandIn {
@@ -185,31 +185,17 @@ impl KubeletStandIn {
     }
 
     fn serve(&mut self) -> Result<(), uds::UdsError> {
-        let (listener, _) = uds::bind(&self.inner.dir.join(api::KUBELET_SOCKET))?;
-        let (stop, mut stop_rx) = watch::channel(false);
         let svc = RegistrationServer::new(RegistrationService(self.inner.clone()));
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                })
-                .await;
-        });
-        self.server = Some((stop, task));
+        self.server = Some(Serving::start(
+            &self.inner.dir.join(api::KUBELET_SOCKET),
+            tonic::transport::Server::builder().add_service(svc),
+        )?);
         Ok(())
     }
 
     async fn stop_serving(&mut self) {
-        if let Some((stop, task)) = self.server.take() {
-            let _ = stop.send(true);
-            let abort = task.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), task)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
+        if let Some(server) = self.server.take() {
+            server.stop().await;
         }
         let mut st = self.inner.state();
         for (_, f) in std::mem::take(&mut st.followers) {
@@ -331,9 +317,8 @@ impl KubeletStandIn {
 
 impl Drop for KubeletStandIn {
     fn drop(&mut self) {
-        if let Some((stop, task)) = self.server.take() {
-            let _ = stop.send(true);
-            task.abort();
+        if let Some(server) = self.server.take() {
+            server.abort();
         }
         for (_, f) in std::mem::take(&mut self.inner.state().followers) {
             f.abort();
@@ -349,7 +334,7 @@ impl Drop for KubeletStandIn {
 pub struct PodResourcesStandIn {
     pods: Arc<Mutex<BTreeMap<(String, String), pr::PodResources>>>,
     path: PathBuf,
-    server: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    server: Option<Serving>,
 }
 
 #[derive(Debug, Clone)]
@@ -418,18 +403,11 @@ impl PodResourcesStandIn {
     }
 
     fn serve(&mut self) -> Result<(), uds::UdsError> {
-        let (listener, _) = uds::bind(&self.path)?;
-        let (stop, mut stop_rx) = watch::channel(false);
         let svc = PodResourcesListerServer::new(PodResourcesService(self.pods.clone()));
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                })
-                .await;
-        });
-        self.server = Some((stop, task));
+        self.server = Some(Serving::start(
+            &self.path,
+            tonic::transport::Server::builder().add_service(svc),
+        )?);
         Ok(())
     }
 
@@ -466,15 +444,8 @@ impl PodResourcesStandIn {
 
     /// Stops answering and removes the socket (kubelet down).
     pub async fn stop(&mut self) {
-        if let Some((stop, task)) = self.server.take() {
-            let _ = stop.send(true);
-            let abort = task.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), task)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
+        if let Some(server) = self.server.take() {
+            server.stop().await;
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -482,9 +453,8 @@ impl PodResourcesStandIn {
 
 impl Drop for PodResourcesStandIn {
     fn drop(&mut self) {
-        if let Some((stop, task)) = self.server.take() {
-            let _ = stop.send(true);
-            task.abort();
+        if let Some(server) = self.server.take() {
+            server.abort();
         }
     }
 }
@@ -555,5 +525,49 @@ impl std::io::Write for CapturedLogs {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// A stand-in's gRPC server on a unix socket, until told to stop.
+#[derive(Debug)]
+struct Serving {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Serving {
+    /// Binds `path` and serves `router` on it.
+    fn start(
+        path: &Path,
+        router: tonic::transport::server::Router,
+    ) -> Result<Serving, uds::UdsError> {
+        let (listener, _) = uds::bind(path)?;
+        let (stop, mut stop_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let _ = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+        Ok(Serving { stop, task })
+    }
+
+    /// Stops gracefully; a server still busy after 2 s is aborted.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(2), self.task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
+
+    /// Stops now (from `Drop`, outside any runtime).
+    fn abort(self) {
+        let _ = self.stop.send(true);
+        self.task.abort();
     }
 }
