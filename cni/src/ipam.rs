@@ -1,11 +1,16 @@
 //! The IPAM delegate: `ipam.type` found on `CNI_PATH`, executed with the
-//! request's environment and the full configuration on stdin. Versions are
-//! negotiated when the delegate is older than the config (Debian's
-//! host-local speaks up to 1.0.0).
+//! request's environment and the full configuration on stdin. The delegate
+//! is called once, in the best version both sides speak (Debian's host-local
+//! speaks up to 1.0.0): its `supportedVersions` are asked once per binary and
+//! remembered, keyed by the binary's path, size and mtime.
 
 use crate::protocol::{CniArgs, CniError, CniResult, CniVersion, Command};
+use crate::state::write_atomic;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -59,6 +64,15 @@ impl IpamError {
 /// Runs a delegate. `Ok(stdout)` on success.
 pub trait IpamDelegate {
     fn exec(&mut self, req: &IpamRequest<'_>) -> Result<Vec<u8>, IpamError>;
+
+    /// `req.plugin`'s `supportedVersions` from an earlier `VERSION`, when
+    /// the binary has not changed since. `None`: ask it.
+    fn known_versions(&mut self, _req: &IpamRequest<'_>) -> Option<Vec<String>> {
+        None
+    }
+
+    /// Remembers what `req.plugin` answered to `VERSION`.
+    fn remember_versions(&mut self, _req: &IpamRequest<'_>, _versions: &[String]) {}
 }
 
 /// Finds `plugin` on `path`.
@@ -76,11 +90,103 @@ pub fn find_plugin(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, IpamError>
         })
 }
 
-/// The real delegate: exec.
+/// What identifies a delegate binary's build: a replaced binary (package
+/// upgrade) differs in size or mtime and is asked again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Stamp {
+    size: u64,
+    mtime_sec: i64,
+    mtime_nsec: i64,
+}
+
+impl Stamp {
+    fn of(bin: &Path) -> Option<Stamp> {
+        let m = std::fs::metadata(bin).ok()?;
+        Some(Stamp {
+            size: m.size(),
+            mtime_sec: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+        })
+    }
+}
+
+/// One entry of the versions cache file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KnownVersions {
+    #[serde(flatten)]
+    stamp: Stamp,
+    supported_versions: Vec<String>,
+}
+
+/// The real delegate: exec. Versions are remembered for the life of the
+/// value and, with [`ExecIpam::with_versions_file`], across calls in a
+/// small JSON file (`{binary path: {size, mtimeSec, mtimeNsec,
+/// supportedVersions}}`); a missing, corrupt or unwritable file only costs
+/// a `VERSION` run.
 #[derive(Debug, Default)]
-pub struct ExecIpam;
+pub struct ExecIpam {
+    file: Option<PathBuf>,
+    memo: BTreeMap<PathBuf, KnownVersions>,
+}
+
+impl ExecIpam {
+    /// Remembers versions in `file` (kroce-cni: `<stateDir>/ipam-versions.json`).
+    pub fn with_versions_file(file: impl Into<PathBuf>) -> ExecIpam {
+        ExecIpam {
+            file: Some(file.into()),
+            memo: BTreeMap::new(),
+        }
+    }
+
+    /// The cache file's entries; a corrupt file counts as empty (it is
+    /// rewritten by the next `remember_versions`).
+    fn load(&self) -> BTreeMap<PathBuf, KnownVersions> {
+        self.file
+            .as_deref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+}
 
 impl IpamDelegate for ExecIpam {
+    fn known_versions(&mut self, req: &IpamRequest<'_>) -> Option<Vec<String>> {
+        let bin = find_plugin(req.plugin, req.path).ok()?;
+        let stamp = Stamp::of(&bin)?;
+        let fresh = |k: &KnownVersions| k.stamp == stamp;
+        if let Some(k) = self.memo.get(&bin).filter(|k| fresh(k)) {
+            return Some(k.supported_versions.clone());
+        }
+        let k = self.load().remove(&bin).filter(fresh)?;
+        let v = k.supported_versions.clone();
+        self.memo.insert(bin, k);
+        Some(v)
+    }
+
+    fn remember_versions(&mut self, req: &IpamRequest<'_>, versions: &[String]) {
+        let Ok(bin) = find_plugin(req.plugin, req.path) else {
+            return;
+        };
+        let Some(stamp) = Stamp::of(&bin) else {
+            return;
+        };
+        let k = KnownVersions {
+            stamp,
+            supported_versions: versions.to_vec(),
+        };
+        self.memo.insert(bin.clone(), k.clone());
+        if let Some(file) = &self.file {
+            let mut all = self.load();
+            all.insert(bin, k);
+            // Best effort: without the file the next call asks VERSION again.
+            if let Ok(bytes) = serde_json::to_vec_pretty(&all) {
+                let _ = write_atomic(file, &bytes);
+            }
+        }
+    }
+
     fn exec(&mut self, req: &IpamRequest<'_>) -> Result<Vec<u8>, IpamError> {
         let bin = find_plugin(req.plugin, req.path)?;
         let exec_err = |source| IpamError::Exec {
@@ -160,11 +266,19 @@ impl IpamDelegate for ExecIpam {
     }
 }
 
-/// The versions the delegate says it speaks.
+/// The versions the delegate speaks: remembered, or asked (and remembered).
 pub fn delegate_versions(
     d: &mut dyn IpamDelegate,
     req: &IpamRequest<'_>,
 ) -> Result<Vec<String>, IpamError> {
+    match d.known_versions(req) {
+        Some(v) => Ok(v),
+        None => ask_versions(d, req),
+    }
+}
+
+/// Runs the delegate's `VERSION` and remembers the answer.
+fn ask_versions(d: &mut dyn IpamDelegate, req: &IpamRequest<'_>) -> Result<Vec<String>, IpamError> {
     let probe = serde_json::json!({"cniVersion": req.config.get("cniVersion").cloned().unwrap_or(Value::Null)});
     let vreq = IpamRequest {
         command: Command::Version,
@@ -180,7 +294,8 @@ pub fn delegate_versions(
         command: "VERSION",
         reason: e.to_string(),
     })?;
-    Ok(v.get("supportedVersions")
+    let versions: Vec<String> = v
+        .get("supportedVersions")
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()
@@ -188,36 +303,58 @@ pub fn delegate_versions(
                 .map(str::to_string)
                 .collect()
         })
-        .unwrap_or_default())
+        .unwrap_or_default();
+    d.remember_versions(req, &versions);
+    Ok(versions)
 }
 
-/// Runs `req`; when the delegate refuses the config's version (code 1),
-/// asks it which it speaks and retries with the best common one.
+/// Runs `req` once, in the highest version both the config and the
+/// delegate speak (the result is read in any layout). The delegate's
+/// versions are remembered ones or asked once; when a remembered list turns
+/// out wrong (the delegate refuses, code 1) it is asked again and the call
+/// retried.
 pub fn exec_negotiated(
     d: &mut dyn IpamDelegate,
     req: &IpamRequest<'_>,
 ) -> Result<Vec<u8>, IpamError> {
-    match d.exec(req) {
-        Err(e) if e.delegate_code() == Some(crate::protocol::code::INCOMPATIBLE_VERSION) => {
-            let ours = req
-                .config
-                .get("cniVersion")
-                .and_then(Value::as_str)
-                .and_then(CniVersion::parse)
-                .unwrap_or(CniVersion::LATEST);
-            let theirs = delegate_versions(d, req)?;
-            let Some(best) = ours.negotiate(theirs.iter().map(String::as_str)) else {
-                return Err(e);
-            };
-            if best == ours {
-                return Err(e);
-            }
+    let ours = req
+        .config
+        .get("cniVersion")
+        .and_then(Value::as_str)
+        .and_then(CniVersion::parse)
+        .unwrap_or(CniVersion::LATEST);
+    let (theirs, remembered) = match d.known_versions(req) {
+        Some(v) => (v, true),
+        // A delegate that cannot say (or is missing) gets the config as is
+        // and its own error, if any, tells why.
+        None => match ask_versions(d, req) {
+            Ok(v) => (v, false),
+            Err(_) => return d.exec(req),
+        },
+    };
+    let run = |d: &mut dyn IpamDelegate, v: Option<CniVersion>| match v {
+        Some(v) if v != ours => {
             let mut cfg = req.config.clone();
-            cfg["cniVersion"] = Value::String(best.as_str().into());
+            cfg["cniVersion"] = Value::String(v.as_str().into());
             d.exec(&IpamRequest {
                 config: &cfg,
                 ..req.clone()
             })
+        }
+        _ => d.exec(req),
+    };
+    let best = ours.negotiate(theirs.iter().map(String::as_str));
+    match run(d, best) {
+        Err(e)
+            if remembered
+                && e.delegate_code() == Some(crate::protocol::code::INCOMPATIBLE_VERSION) =>
+        {
+            let theirs = ask_versions(d, req)?;
+            let again = ours.negotiate(theirs.iter().map(String::as_str));
+            if again == best {
+                return Err(e);
+            }
+            run(d, again)
         }
         other => other,
     }
@@ -290,7 +427,8 @@ mod tests {
         };
         let r = add(&mut d, &req).unwrap();
         assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
-        assert_eq!(d.0, vec!["ADD:1.1.0", "VERSION:1.1.0", "ADD:1.0.0"]);
+        // Asked once (nothing remembered here), then one run in 1.0.0.
+        assert_eq!(d.0, vec!["VERSION:1.1.0", "ADD:1.0.0"]);
     }
 
     /// host-local answers VERSION without reading its stdin and exits; a
@@ -321,7 +459,7 @@ mod tests {
             args: &args,
             path: &path,
         };
-        let out = ExecIpam.exec(&req).unwrap();
+        let out = ExecIpam::default().exec(&req).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert!(v["supportedVersions"].is_array(), "{v}");
     }
@@ -330,5 +468,227 @@ mod tests {
     fn missing_plugin_is_named() {
         let e = find_plugin("nope-ipam", &[PathBuf::from("/nonexistent")]).unwrap_err();
         assert!(e.to_string().contains("nope-ipam") && e.to_string().contains("/nonexistent"));
+    }
+
+    /// A CNI_PATH whose `host-local` is a script that logs each run's
+    /// CNI_COMMAND and execs Debian's host-local.
+    struct Wrapped {
+        dir: tempfile::TempDir,
+        real: PathBuf,
+    }
+
+    impl Wrapped {
+        fn new() -> Option<Wrapped> {
+            let real = find_plugin("host-local", &[PathBuf::from("/usr/lib/cni")]).ok()?;
+            let w = Wrapped {
+                dir: tempfile::tempdir().unwrap(),
+                real,
+            };
+            std::fs::create_dir(w.dir.path().join("bin")).unwrap();
+            w.install("");
+            Some(w)
+        }
+
+        /// (Re)places the wrapper; `extra` changes its size. `install` writes
+        /// it in a child process, so no fd of ours open for writing can make
+        /// a concurrent spawn fail with ETXTBSY.
+        fn install(&self, extra: &str) {
+            let src = self.dir.path().join("wrapper.src");
+            let script = format!(
+                "#!/bin/sh\n{extra}echo \"$CNI_COMMAND\" >> {}\nexec {} \"$@\"\n",
+                self.dir.path().join("runs.log").display(),
+                self.real.display()
+            );
+            std::fs::write(&src, script).unwrap();
+            let st = std::process::Command::new("install")
+                .args(["-m", "0755"])
+                .arg(&src)
+                .arg(self.dir.path().join("bin/host-local"))
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+
+        fn path(&self) -> Vec<PathBuf> {
+            vec![self.dir.path().join("bin")]
+        }
+
+        fn cache(&self) -> PathBuf {
+            self.dir.path().join("state/ipam-versions.json")
+        }
+
+        /// The runs since the last call.
+        fn runs(&self) -> Vec<String> {
+            let log = self.dir.path().join("runs.log");
+            let s = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_file(&log);
+            s.lines().map(str::to_string).collect()
+        }
+
+        fn config(&self) -> Value {
+            serde_json::json!({
+                "cniVersion": "1.1.0", "name": "n", "type": "kroce-cni",
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": self.dir.path().join("leases"),
+                    "ranges": [[{"subnet": "10.99.0.0/24"}]],
+                },
+            })
+        }
+
+        /// ADD then DEL of `container` with a fresh `ExecIpam` each (as
+        /// each kroce-cni process has): the runs of each.
+        fn add_del(&self, container: &str) -> (Vec<String>, Vec<String>) {
+            let cfg = self.config();
+            let args = CniArgs::default();
+            let path = self.path();
+            let netns = PathBuf::from("/proc/self/ns/net");
+            let mut req = IpamRequest {
+                command: Command::Add,
+                plugin: "host-local",
+                config: &cfg,
+                container_id: Some(container),
+                netns: Some(&netns),
+                ifname: Some("net1"),
+                args: &args,
+                path: &path,
+            };
+            let r = add(&mut ExecIpam::with_versions_file(self.cache()), &req).unwrap();
+            assert!(
+                r.ips[0].address.to_string().starts_with("10.99.0."),
+                "{r:?}"
+            );
+            let add_runs = self.runs();
+            req.command = Command::Del;
+            exec_negotiated(&mut ExecIpam::with_versions_file(self.cache()), &req).unwrap();
+            (add_runs, self.runs())
+        }
+    }
+
+    #[test]
+    fn one_delegate_run_per_ipam_call_once_versions_are_known() {
+        let Some(w) = Wrapped::new() else {
+            println!("skipped: needs /usr/lib/cni/host-local (containernetworking-plugins)");
+            return;
+        };
+        // Unknown binary: asked once, then called once in 1.0.0.
+        let (a, d) = w.add_del("c1");
+        assert_eq!(a, ["VERSION", "ADD"]);
+        assert_eq!(d, ["DEL"]);
+        // Known from the file, by later processes: one run per call.
+        for c in ["c2", "c3"] {
+            let (a, d) = w.add_del(c);
+            assert_eq!(a, ["ADD"], "{c}");
+            assert_eq!(d, ["DEL"], "{c}");
+        }
+        let cache: Value = serde_json::from_slice(&std::fs::read(w.cache()).unwrap()).unwrap();
+        let bin = w.path()[0].join("host-local").display().to_string();
+        assert!(
+            cache[&bin]["supportedVersions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == "1.0.0")),
+            "{cache}"
+        );
+    }
+
+    #[test]
+    fn a_replaced_delegate_is_asked_again() {
+        let Some(w) = Wrapped::new() else {
+            println!("skipped: needs /usr/lib/cni/host-local (containernetworking-plugins)");
+            return;
+        };
+        assert_eq!(w.add_del("c1").0, ["VERSION", "ADD"]);
+        assert_eq!(w.add_del("c2").0, ["ADD"]);
+        // Another size (and mtime): another build, whatever it speaks.
+        w.install("# upgraded\n");
+        let (a, d) = w.add_del("c3");
+        assert_eq!(a, ["VERSION", "ADD"]);
+        assert_eq!(d, ["DEL"]);
+        assert_eq!(w.add_del("c4").0, ["ADD"]);
+    }
+
+    #[test]
+    fn a_corrupt_versions_file_is_ignored_and_rewritten() {
+        let Some(w) = Wrapped::new() else {
+            println!("skipped: needs /usr/lib/cni/host-local (containernetworking-plugins)");
+            return;
+        };
+        std::fs::create_dir_all(w.cache().parent().unwrap()).unwrap();
+        std::fs::write(w.cache(), b"{\"/usr/lib/cni/host-local\": [tr").unwrap();
+        let (a, d) = w.add_del("c1");
+        assert_eq!(a, ["VERSION", "ADD"]);
+        assert_eq!(d, ["DEL"]);
+        let cache: Value = serde_json::from_slice(&std::fs::read(w.cache()).unwrap()).unwrap();
+        assert!(cache.is_object(), "{cache}");
+        assert_eq!(w.add_del("c2").0, ["ADD"]);
+        // An entry of the wrong shape for this binary is a stale one.
+        let bin = w.path()[0].join("host-local").display().to_string();
+        std::fs::write(
+            w.cache(),
+            serde_json::json!({ bin: {"size": "big"} }).to_string(),
+        )
+        .unwrap();
+        assert_eq!(w.add_del("c3").0, ["VERSION", "ADD"]);
+    }
+
+    /// Remembers in memory; refuses what it does not speak.
+    struct Remembering {
+        speaks: Vec<String>,
+        known: Option<Vec<String>>,
+        runs: Vec<String>,
+    }
+    impl IpamDelegate for Remembering {
+        fn exec(&mut self, req: &IpamRequest<'_>) -> Result<Vec<u8>, IpamError> {
+            let v = req.config["cniVersion"].as_str().unwrap_or_default();
+            self.runs.push(format!("{}:{v}", req.command.as_str()));
+            if req.command == Command::Version {
+                return Ok(serde_json::to_vec(
+                    &serde_json::json!({"cniVersion": "1.0.0", "supportedVersions": self.speaks}),
+                )
+                .unwrap());
+            }
+            if !self.speaks.iter().any(|s| s == v) {
+                return Err(IpamError::Plugin {
+                    plugin: "r".into(),
+                    command: req.command.as_str(),
+                    error: CniError::new(1, "incompatible"),
+                });
+            }
+            Ok(br#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24"}]}"#.to_vec())
+        }
+        fn known_versions(&mut self, _: &IpamRequest<'_>) -> Option<Vec<String>> {
+            self.known.clone()
+        }
+        fn remember_versions(&mut self, _: &IpamRequest<'_>, v: &[String]) {
+            self.known = Some(v.to_vec());
+        }
+    }
+
+    #[test]
+    fn a_wrong_remembered_list_is_asked_again_and_retried() {
+        let mut d = Remembering {
+            speaks: vec!["0.4.0".into(), "1.0.0".into()],
+            known: Some(vec!["1.1.0".into()]),
+            runs: Vec::new(),
+        };
+        let cfg =
+            serde_json::json!({"cniVersion":"1.1.0","name":"n","type":"x","ipam":{"type":"r"}});
+        let args = CniArgs::default();
+        let req = IpamRequest {
+            command: Command::Add,
+            plugin: "r",
+            config: &cfg,
+            container_id: Some("c"),
+            netns: None,
+            ifname: Some("net1"),
+            args: &args,
+            path: &[],
+        };
+        add(&mut d, &req).unwrap();
+        assert_eq!(d.runs, ["ADD:1.1.0", "VERSION:1.1.0", "ADD:1.0.0"]);
+        assert_eq!(d.known.as_deref(), Some(&d.speaks[..]));
+        d.runs.clear();
+        add(&mut d, &req).unwrap();
+        assert_eq!(d.runs, ["ADD:1.0.0"]);
     }
 }

@@ -5,7 +5,8 @@
 //!   removed when the VF is released;
 //! - `locks/<pci or name>.lock`: the per-device flock, held across a whole ADD/DEL/GC of
 //!   that VF (the file is removed while held; lockers re-check the inode);
-//! - `memlock/<containerID>.json`: see [`crate::memlock`].
+//! - `memlock/<containerID>.json`: see [`crate::memlock`];
+//! - `ipam-versions.json`: see [`crate::ipam::ExecIpam`].
 //!
 //! Files are written atomically (temp file in the same dir + rename).
 

@@ -242,4 +242,12 @@ impl IpamDelegate for FaultyIpam<'_> {
         }
         Ok(out)
     }
+
+    fn known_versions(&mut self, req: &IpamRequest<'_>) -> Option<Vec<String>> {
+        self.inner.known_versions(req)
+    }
+
+    fn remember_versions(&mut self, req: &IpamRequest<'_>, versions: &[String]) {
+        self.inner.remember_versions(req, versions)
+    }
 }

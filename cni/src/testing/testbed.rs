@@ -365,7 +365,7 @@ impl TestBed {
             links: RtnlOpener,
             vf: RecordingVfConfig::connectx6dx_pair(),
             rdma: RecordingRdma::new(Ok(crate::netlink::rdma::RdmaNetnsMode::Exclusive)),
-            ipam: ExecIpam,
+            ipam: ExecIpam::default(),
         }
     }
 
@@ -435,7 +435,9 @@ impl TestBed {
         out
     }
 
-    /// Files under the state dir (relative), lock files included.
+    /// Files under the state dir (relative), lock files included; not
+    /// `ipam-versions.json`, which is about the node's delegates, not an
+    /// attachment, and stays.
     pub fn state_files(&self) -> Vec<String> {
         fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
             for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -449,6 +451,7 @@ impl TestBed {
         }
         let mut out = Vec::new();
         walk(self.state.path(), self.state.path(), &mut out);
+        out.retain(|f| f != "ipam-versions.json");
         out.sort();
         out
     }
