@@ -73,7 +73,8 @@ pub fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     let mut links = RtnlOpener;
     let mut vf = RtnlVfConfig::new(None);
     let mut rdma = NetlinkRdma::new(None);
-    let mut ipam = ExecIpam::with_versions_file(node.state.root().join("ipam-versions.json"));
+    let mut ipam =
+        ExecIpam::with_versions_file(node.state.root().join(crate::state::IPAM_VERSIONS_FILE));
     let mut b = Backends {
         links: &mut links,
         vf: &mut vf,

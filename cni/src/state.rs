@@ -24,6 +24,10 @@ use std::time::{Duration, Instant};
 /// Shared with kroce-nri, which reads the memlock requests under it.
 pub use kroce_contracts::DEFAULT_STATE_DIR;
 
+/// The IPAM delegates' remembered CNI versions, in the state dir. About
+/// the node's delegates, not an attachment: it stays when every VF is free.
+pub const IPAM_VERSIONS_FILE: &str = "ipam-versions.json";
+
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("state dir: {path}: {source}")]

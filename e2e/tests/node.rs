@@ -317,6 +317,8 @@ impl Scene {
         }
         let mut out = Vec::new();
         walk(&self.dir("cni-state"), &self.dir("cni-state"), &mut out);
+        // About the node's IPAM delegates, not an attachment: it stays.
+        out.retain(|f| f != kroce_cni::state::IPAM_VERSIONS_FILE);
         out.sort();
         out
     }

@@ -451,7 +451,7 @@ impl TestBed {
         }
         let mut out = Vec::new();
         walk(self.state.path(), self.state.path(), &mut out);
-        out.retain(|f| f != "ipam-versions.json");
+        out.retain(|f| f != crate::state::IPAM_VERSIONS_FILE);
         out.sort();
         out
     }
