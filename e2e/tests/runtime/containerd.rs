@@ -11,6 +11,7 @@ use super::{Peers, RUNC};
 use kroce_e2e::cri::runtime_service_client::RuntimeServiceClient;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,21 @@ pub struct Containerd {
     bin: PathBuf,
     netns: PathBuf,
     child: Option<Child>,
+    /// Pod netns (`/run/netns/cni-*`) that existed before: the others are
+    /// containerd's for this test and go with it, even after a failure.
+    pod_netns_before: BTreeSet<String>,
+}
+
+/// containerd's pod network namespaces (`cni-<uuid>` under /run/netns).
+fn pod_netns() -> BTreeSet<String> {
+    fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| n.starts_with("cni-"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn config(dir: &Path, cni_bin: &Path, cni_conf: &Path, nri_socket: &Path) -> String {
@@ -95,6 +111,7 @@ impl Containerd {
             bin: peers.containerd_bin.clone(),
             netns: netns.to_path_buf(),
             child: None,
+            pod_netns_before: pod_netns(),
         })
     }
 
@@ -220,6 +237,9 @@ impl Drop for Containerd {
         points.sort_by_key(|p| std::cmp::Reverse(p.len()));
         for p in points {
             let _ = Command::new("umount").args(["-l", p]).status();
+        }
+        for ns in pod_netns().difference(&self.pod_netns_before) {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }
 }
