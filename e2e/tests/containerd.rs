@@ -62,6 +62,8 @@ struct Rig {
     dir: PathBuf,
     state_dir: PathBuf,
     ipam_dir: PathBuf,
+    /// Where the kroce binaries under test are (KROCE_BIN_DIR in CI).
+    bin_dir: PathBuf,
     vf_pci: PciAddress,
     vf_ifname: String,
     vf_mac: String,
@@ -209,28 +211,28 @@ async fn run_pod(rig: &Rig, cri: &mut Cri, name: &str) -> Pod {
 }
 
 async fn remove_pod(rig: &Rig, cri: &mut Cri, pod: &Pod) {
-    for step in ["stop", "remove"] {
-        let r = if step == "stop" {
-            cri.stop_pod_sandbox(cri::StopPodSandboxRequest {
-                pod_sandbox_id: pod.id.clone(),
-            })
-            .await
-            .map(|_| ())
-        } else {
-            cri.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: pod.id.clone(),
-            })
-            .await
-            .map(|_| ())
-        };
-        if let Err(e) = r {
-            panic!(
-                "{step} sandbox {}: {}\n{}",
-                pod.id,
-                e.message(),
-                rig.ctd.log_tail()
-            );
-        }
+    let fail = |step: &str, e: tonic::Status| -> ! {
+        panic!(
+            "{step} sandbox {}: {}\n{}",
+            pod.id,
+            e.message(),
+            rig.ctd.log_tail()
+        )
+    };
+    let id = pod.id.clone();
+    if let Err(e) = cri
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+    {
+        fail("stop", e);
+    }
+    if let Err(e) = cri
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+        .await
+    {
+        fail("remove", e);
     }
 }
 
@@ -369,15 +371,13 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 /// What must be back after every pod is gone: the VF in the node netns
 /// under its own name, MAC and MTU; no claim, lock, memlock file or lease.
 fn assert_node_clean(rig: &Rig, when: &str) {
-    let link = ip_json(&["-n", &rig.node.name, "link", "show", "dev", &rig.vf_ifname]);
+    let link = rig.node.link(&rig.vf_ifname);
+    let back = link.as_ref().map(|l| (l.mac.as_str(), l.mtu));
     assert_eq!(
-        link[0]["address"], rig.vf_mac,
-        "{when}: VF {} not back with its MAC: {link}",
+        back,
+        Some((rig.vf_mac.as_str(), u64::from(VF_MTU))),
+        "{when}: VF {} not back with its MAC and MTU: {link:?}",
         rig.vf_ifname
-    );
-    assert_eq!(
-        link[0]["mtu"], VF_MTU,
-        "{when}: VF MTU not restored: {link}"
     );
     let state: Vec<String> = files_in(&rig.state_dir)
         .into_iter()
@@ -459,6 +459,7 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         dir,
         state_dir,
         ipam_dir,
+        bin_dir,
         vf_pci,
         vf_ifname,
         vf_mac,
@@ -566,10 +567,7 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
         .collect();
     assert!(addrs.contains(&format!("{}/24", pod.ip)), "{addrs:?}");
     assert!(
-        ip_json(&["-n", &rig.node.name, "link", "show", "dev", &rig.vf_ifname]).is_null()
-            || ip_json(&["-n", &rig.node.name, "link", "show", "dev", &rig.vf_ifname])
-                .as_array()
-                .is_none_or(|a| a.is_empty()),
+        rig.node.link(&rig.vf_ifname).is_none(),
         "the VF left the node netns"
     );
     assert!(
@@ -676,14 +674,8 @@ async fn containerd_runs_kroce_cni_and_kroce_nri() {
     );
     remove_container(&mut cri, &c.id).await;
     rig.nri.terminate(Duration::from_secs(5)).unwrap();
-    let bin_dir = rig_bins::Binaries::locate()
-        .unwrap()
-        .cni
-        .parent()
-        .unwrap()
-        .to_path_buf();
     rig.nri = start_nri(
-        &bin_dir,
+        &rig.bin_dir,
         &rig.node.path,
         &rig.ctd,
         &rig.state_dir,
