@@ -6,7 +6,8 @@
 //! [`cdi`], [`in_use`], [`kubelet_checkpoint`], [`discover`]. Edges:
 //! [`host_view`] (host reads), [`files`], [`uds`], [`server`] (gRPC
 //! service), [`registration`], [`pod_resources`] (what pods hold),
-//! [`pool_server`] (socket life), [`watcher`] (inotify) and [`plugin`], which
+//! [`pool_server`] (socket life), [`watcher`] (inotify),
+//! [`kernel_events`] (rtnetlink and uevents) and [`plugin`], which
 //! runs it all with the state in [`shared`]. `testing` (feature `testing`)
 //! holds the kubelet stand-ins (registration and PodResources).
 
@@ -21,6 +22,7 @@ pub mod health;
 pub mod host_view;
 pub mod in_use;
 pub mod inventory;
+pub mod kernel_events;
 pub mod kubelet_checkpoint;
 pub mod plugin;
 pub mod pod_resources;

@@ -65,8 +65,10 @@ struct Cli {
     #[arg(long, global = true, env = "KROCE_DP_CDI")]
     cdi: bool,
 
-    /// How often sysfs is probed for health changes and new VFs, in milliseconds.
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    /// The safety rescan, in milliseconds: kernel events (link changes,
+    /// uevents) trigger rescans at once; this catches anything they miss.
+    /// Without kernel events the plugin rescans at least every 1000 ms.
+    #[arg(long, global = true, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     rescan_ms: u64,
 
     /// Log level for kroce's own crates (error, warn, info, debug, trace;
@@ -187,6 +189,8 @@ fn run_cmd(cli: &Cli) -> anyhow::Result<()> {
         cdi: cli.cdi,
         config_path: cli.config.clone(),
         rescan_interval: Duration::from_millis(cli.rescan_ms),
+        kernel_events: true,
+        counters: Default::default(),
         pod_resources_socket: cli.pod_resources_socket.clone(),
         allocation_grace: plugin::DEFAULT_ALLOCATION_GRACE,
     };

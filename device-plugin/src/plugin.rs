@@ -1,5 +1,6 @@
-//! Runs the plugin: loads the config, rescans the host on a tick and on
-//! inotify events, publishes snapshots, keeps one gRPC server per pool
+//! Runs the plugin: loads the config, rescans the host on kernel events
+//! (rtnetlink, uevents), inotify events and a slow safety tick, publishes
+//! snapshots, keeps one gRPC server per pool
 //! running and registered, reloads the config live, and cleans up on exit.
 
 use crate::cdi;
@@ -9,6 +10,7 @@ use crate::files::{self, FileError};
 use crate::host_view::{self, HostView};
 use crate::in_use::{InUse, Source};
 use crate::inventory::{self, Memory};
+use crate::kernel_events::{self, Interest};
 use crate::kubelet_checkpoint;
 use crate::pod_resources::{self, PodResourcesClient};
 use crate::pool_server::PoolTask;
@@ -22,6 +24,7 @@ use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -34,8 +37,12 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = pod_resources::DEFAULT_SOCKET;
 /// How long after Allocate a device counts as held even though the kubelet
 /// does not list it yet (it records an allocation after Allocate returns).
 pub const DEFAULT_ALLOCATION_GRACE: Duration = Duration::from_secs(5);
-/// sysfs sends no inotify events, so its state is probed this often.
-pub const DEFAULT_RESCAN: Duration = Duration::from_secs(1);
+/// Kernel events drive rescans; this safety tick only catches what no event
+/// announces (and anything an event socket dropped).
+pub const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
+/// Without kernel events sysfs (which sends no inotify events) is probed at
+/// least this often, as before events existed.
+pub const FALLBACK_RESCAN: Duration = Duration::from_secs(1);
 /// A full scan even when the probe saw no change (GID tables, link targets).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(10);
 /// Editors and ConfigMap swaps write in bursts: wait this long before reading.
@@ -51,7 +58,15 @@ pub struct Options {
     /// Return CDI device names (and write CDI specs) instead of device specs.
     pub cdi: bool,
     pub config_path: PathBuf,
+    /// The safety rescan tick. Without kernel events at most
+    /// [`FALLBACK_RESCAN`].
     pub rescan_interval: Duration,
+    /// Rescan on rtnetlink link/address events and kernel uevents. Off (or
+    /// when the sockets cannot be opened): the tick alone, at most
+    /// [`FALLBACK_RESCAN`] apart.
+    pub kernel_events: bool,
+    /// How much work the plugin did, for tests, benches and debugging.
+    pub counters: Arc<Counters>,
     /// The kubelet's PodResources socket: which devices running pods hold.
     pub pod_resources_socket: PathBuf,
     pub allocation_grace: Duration,
@@ -68,9 +83,31 @@ impl Options {
             cdi: false,
             config_path,
             rescan_interval: DEFAULT_RESCAN,
+            kernel_events: true,
+            counters: Arc::default(),
             pod_resources_socket: DEFAULT_POD_RESOURCES_SOCKET.into(),
             allocation_grace: DEFAULT_ALLOCATION_GRACE,
         }
+    }
+}
+
+/// Work done since start.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Probes of the host by the tick (cheap: no full scan unless changed).
+    pub probes: AtomicU64,
+    /// Full host scans, whatever triggered them.
+    pub scans: AtomicU64,
+    /// Kernel events that concerned us (each wakes a rescan; bursts coalesce).
+    pub kernel_events: AtomicU64,
+}
+
+impl Counters {
+    pub fn probes(&self) -> u64 {
+        self.probes.load(Ordering::Relaxed)
+    }
+    pub fn scans(&self) -> u64 {
+        self.scans.load(Ordering::Relaxed)
     }
 }
 
@@ -109,6 +146,24 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     };
     let dev_dir = opts.host_root.dev_infiniband();
     let (triggers, watch_task) = watcher::spawn(&opts.kubelet_dir, &config_dir, Some(&dev_dir))?;
+    let (interest_tx, interest_rx) = watch::channel(Interest::default());
+    // Opened here, in the network namespace `run` is called in (the host's).
+    let events = if opts.kernel_events {
+        match kernel_events::spawn(interest_rx) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, rescan_ms = FALLBACK_RESCAN.as_millis() as u64, "no kernel events; falling back to a fast rescan tick");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let rescan_every = match events {
+        Some(_) => opts.rescan_interval,
+        None => opts.rescan_interval.min(FALLBACK_RESCAN),
+    };
+    let kernel_changed = events.as_ref().map(|l| l.changed.clone());
     let (snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::default()));
     let shared = Arc::new(Shared::new(snap_rx, opts.cdi, opts.devinfo_dir.clone()));
     let (kubelet_tx, _) = watch::channel(0u64);
@@ -138,14 +193,26 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         host_errors: BTreeSet::new(),
         last_probe: None,
         last_full: tokio::time::Instant::now(),
+        interest_tx,
     };
-    let mut tick = tokio::time::interval(r.opts.rescan_interval);
+    tracing::info!(
+        kernel_events = events.is_some(),
+        rescan_ms = rescan_every.as_millis() as u64,
+        "watching the host"
+    );
+    let mut tick = tokio::time::interval(rescan_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => r.tick().await,
+            _ = notified(kernel_changed.as_deref()) => {
+                if let Some(l) = &events {
+                    r.opts.counters.kernel_events.store(l.relevant.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                r.rescan().await
+            }
             _ = triggers.dev_dir.notified() => r.rescan().await,
             _ = triggers.kubelet_dir.notified() => r.kubelet_tx.send_modify(|n| *n += 1),
             _ = triggers.config_dir.notified() => {
@@ -157,8 +224,17 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         }
     }
     watch_task.abort();
+    drop(events);
     r.shutdown().await;
     Ok(())
+}
+
+/// Waits on `n`, or forever when there is none.
+async fn notified(n: Option<&tokio::sync::Notify>) {
+    match n {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 #[derive(Debug)]
@@ -190,6 +266,8 @@ struct Reconciler {
     /// fingerprint it used and the allocation generation it saw.
     last_probe: Option<(u64, u64, u64)>,
     last_full: tokio::time::Instant,
+    /// Which netdevs kernel events are about that concern us (from the last scan).
+    interest_tx: watch::Sender<Interest>,
 }
 
 impl Reconciler {
@@ -276,6 +354,7 @@ impl Reconciler {
         let in_use = self.in_use().await;
         let generation = self.shared.allocations().generation();
         let root = self.opts.host_root.clone();
+        self.opts.counters.probes.fetch_add(1, Ordering::Relaxed);
         let probe = tokio::task::spawn_blocking(move || host_view::probe(&root, &[])).await;
         match probe {
             Ok(p)
@@ -296,6 +375,7 @@ impl Reconciler {
         // Read before the scan: an Allocate during it shows in the next tick.
         let generation = self.shared.allocations().generation();
         let root = self.opts.host_root.clone();
+        self.opts.counters.scans.fetch_add(1, Ordering::Relaxed);
         let scanned = tokio::task::spawn_blocking(move || {
             // Probe first: a change during the scan shows in the next probe.
             let probe = host_view::probe(&root, &[]);
@@ -313,6 +393,21 @@ impl Reconciler {
         self.last_full = tokio::time::Instant::now();
         self.log_host_errors(&view);
         let candidates = inventory::candidates(&view, &mut self.memory);
+        let interest = Interest::new(
+            candidates.iter().flat_map(|c| {
+                c.netdev
+                    .as_ref()
+                    .map(|n| n.name.as_str())
+                    .into_iter()
+                    .chain(c.pf_name.as_deref())
+            }),
+            &view.host,
+        );
+        self.interest_tx.send_if_modified(|i| {
+            let changed = *i != interest;
+            *i = interest;
+            changed
+        });
         let snap = Snapshot::build(&self.config, candidates, &|r, id| {
             in_use.holds(r.as_str(), id)
         });

@@ -101,6 +101,8 @@ impl Harness {
             cdi: self.cdi,
             config_path: self.config_path(),
             rescan_interval: RESCAN,
+            kernel_events: true,
+            counters: Default::default(),
             pod_resources_socket: self.pod_resources_socket(),
             allocation_grace: GRACE,
         }
