@@ -17,12 +17,12 @@ target=${CARGO_TARGET_DIR:-$repo/target}
 if [ "${SKIP_CARGO:-0}" != 1 ]; then
   flag=()
   [ "$profile" = release ] && flag=(--release)
-  (cd "$repo" && cargo build "${flag[@]}" -p kroce-operator -p kroce-device-plugin -p kroce-nri -p kroce-cni -p kroce-admission --bins)
+  (cd "$repo" && cargo build "${flag[@]}" -p kroce-controller -p kroce-node-agent -p kroce-device-plugin -p kroce-nri -p kroce-cni -p kroce-admission --bins)
 fi
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/bin" "$ctx/perftest"
-for b in kroce-operator kroce-device-plugin kroce-nri kroce-cni kroce-perftest-run; do
+for b in kroce-controller kroce-node-agent kroce-device-plugin kroce-nri kroce-cni kroce-perftest-run; do
   cp "$target/$profile/$b" "$ctx/bin/"
 done
 cp "$here/perftest/kroce-gid-index" "$ctx/perftest/"

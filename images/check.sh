@@ -25,8 +25,8 @@ run_in() { # image cmd...
   fi
   podman image unmount "$img" >/dev/null
 }
-run_in "kroce-operator:$tag" /usr/local/bin/kroce-operator --version
-for b in kroce-operator kroce-device-plugin kroce-nri kroce-cni; do
+run_in "kroce-operator:$tag" /usr/local/bin/kroce-controller --version
+for b in kroce-node-agent kroce-device-plugin kroce-nri kroce-cni; do
   [ "$b" = kroce-cni ] && continue
   run_in "kroce-node:$tag" "/usr/local/bin/$b" --version
 done

@@ -15,8 +15,12 @@ pub const KROCE_TARGETS: &[&str] = &[
     "kroce_admission",
     "kroce_cni",
     "kroce_contracts",
+    "kroce_controller",
     "kroce_device_plugin",
+    "kroce_dra",
+    "kroce_dra_plugin",
     "kroce_e2e",
+    "kroce_node_agent",
     "kroce_nri",
     "kroce_operator",
     "kroce_perftest_run",
@@ -68,6 +72,39 @@ pub fn resolve(level: Option<&str>, rust_log: Option<&str>) -> Result<String, Lo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every crate of the workspace (library and binary targets are named
+    /// after the package) is in [`KROCE_TARGETS`]: a crate left out would
+    /// stay at info under `--log-level debug`.
+    #[test]
+    fn every_workspace_crate_is_a_kroce_target() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("workspace");
+        let members = manifest
+            .split("members = [")
+            .nth(1)
+            .and_then(|m| m.split(']').next())
+            .expect("members");
+        for dir in members.split(',').map(|m| m.trim().trim_matches('"')) {
+            if dir.is_empty() {
+                continue;
+            }
+            let text = std::fs::read_to_string(root.join(dir).join("Cargo.toml")).expect(dir);
+            let mut names: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("name = \""))
+                .filter_map(|l| l.strip_suffix('"'))
+                .map(|n| n.replace('-', "_"))
+                .collect();
+            names.dedup();
+            for n in names {
+                if n == "discovery" || !(n.starts_with("kroce") || n.starts_with("sriov")) {
+                    continue; // benches and examples
+                }
+                assert!(KROCE_TARGETS.contains(&n.as_str()), "{dir}: {n} missing");
+            }
+        }
+    }
 
     #[test]
     fn debug_is_for_kroce_crates_only() {

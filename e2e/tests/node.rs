@@ -7,7 +7,7 @@
 //!    netdevs (see `rig/kernel.rs`);
 //! 2. `kroce-device-plugin` registered with the kubelet stand-in, serving an
 //!    empty `rdma/vf` pool;
-//! 3. `kroce-operator apply` with an `RdmaNodeState`: VFs appear, MTUs are
+//! 3. `kroce-node-agent apply` with an `RdmaNodeState`: VFs appear, MTUs are
 //!    set on the real netdevs, IRQs land on NUMA-local CPUs; a second pass
 //!    changes nothing; QoS is reported as failing (no DCB on a veth);
 //! 4. ListAndWatch shows the VFs healthy with their NUMA node; Allocate for
@@ -201,7 +201,7 @@ impl Scene {
         self.plugin = Some(plugin);
     }
 
-    /// `kroce-operator apply` in the node netns with the spec in `spec`.
+    /// `kroce-node-agent apply` in the node netns with the spec in `spec`.
     fn apply(&self, name: &str, spec: &Value, managed: &[&str]) -> Ran {
         let file = self.dir(&format!("{name}.json"));
         std::fs::write(&file, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
@@ -222,7 +222,14 @@ impl Scene {
         if !managed.is_empty() {
             args.extend(["--managed", managed.as_str()]);
         }
-        run_in_netns(&self.node.netns.path, &self.bins.operator, &args, &[], b"").unwrap()
+        run_in_netns(
+            &self.node.netns.path,
+            &self.bins.node_agent,
+            &args,
+            &[],
+            b"",
+        )
+        .unwrap()
     }
 
     fn cni_env(&self, pod: &Pod, command: &str) -> Vec<(String, String)> {
@@ -565,7 +572,7 @@ fn a_whole_node_without_kubernetes() {
     assert_eq!(files_in(&s.dir("kubelet")), ["kubelet.sock"]);
 }
 
-/// Step 3: `kroce-operator apply`: VFs, MTU, IRQs; idempotent; QoS fails
+/// Step 3: `kroce-node-agent apply`: VFs, MTU, IRQs; idempotent; QoS fails
 /// on interfaces without DCB.
 fn node_agent_creates_vfs_mtus_and_irqs(s: &Scene) {
     let r = s.apply("node-state", &node_state(&all_pfs(), None), &[]);

@@ -1,4 +1,4 @@
-//! `kroce-operator doctor`: the checks a RoCE engineer runs by hand, each a
+//! `kroce-node-agent doctor`: the checks a RoCE engineer runs by hand, each a
 //! named result with its evidence and a fix hint, run against a host root
 //! (sysfs/procfs trees given as values) plus [`NetState`] for what sysfs
 //! cannot tell (addresses, DCB PFC state, the containers' memlock limit, a

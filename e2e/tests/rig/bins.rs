@@ -9,7 +9,8 @@ pub const BIN_DIR_ENV: &str = "KROCE_BIN_DIR";
 
 #[derive(Debug, Clone)]
 pub struct Binaries {
-    pub operator: PathBuf,
+    pub controller: PathBuf,
+    pub node_agent: PathBuf,
     pub device_plugin: PathBuf,
     pub cni: PathBuf,
 }
@@ -36,13 +37,14 @@ impl Binaries {
                 Err(format!(
                     "{} not found: run `cargo build --workspace --bins` first (same target dir \
                      and profile as the test), or point {BIN_DIR_ENV} at the directory holding \
-                     kroce-operator, kroce-device-plugin and kroce-cni",
+                     kroce-controller, kroce-node-agent, kroce-device-plugin and kroce-cni",
                     p.display()
                 ))
             }
         };
         Ok(Binaries {
-            operator: find("kroce-operator")?,
+            controller: find("kroce-controller")?,
+            node_agent: find("kroce-node-agent")?,
             device_plugin: find("kroce-device-plugin")?,
             cni: find("kroce-cni")?,
         })

@@ -4,6 +4,8 @@
 //! kernel that creates VFs when the agent writes `sriov_numvfs`, and an
 //! ICMP echo between pods.
 
+// Shared with tests that use other binaries of the set.
+#[allow(dead_code)]
 pub mod bins;
 pub mod icmp;
 pub mod kernel;

@@ -3,6 +3,7 @@
 //! `kroce-cni` with the network's VLAN, MTU, memlock and IPAM.
 
 use crate::crd::RdmaNetworkSpec;
+use crate::names::{MANAGED_BY_LABEL, MANAGER, NETWORK_LABEL};
 use kube::CustomResource;
 use kube::api::ObjectMeta;
 use schemars::JsonSchema;
@@ -11,10 +12,6 @@ use std::collections::BTreeMap;
 
 /// Multus's annotation tying an attachment to a device plugin resource.
 pub const RESOURCE_ANNOTATION: &str = "k8s.v1.cni.cncf.io/resourceName";
-/// Label on every object kroce manages, with the network's name.
-pub const NETWORK_LABEL: &str = "kroce.io/network";
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const MANAGER: &str = "kroce-operator";
 
 /// The Multus CRD, only as far as kroce writes it.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -2,18 +2,17 @@
 //! ConfigMap, attachment definitions, the network's status, events.
 
 use super::{Context, Error, MANAGER};
-use crate::crd::conditions::stamp_transitions;
-use crate::crd::{
-    Condition, RdmaNetwork, RdmaNetworkStatus, RdmaNodeState, RdmaNodeStateSpec, SyncState,
-};
-use crate::plan::device_plugin::config_key;
-use crate::plan::merge::Desired;
-use crate::plan::nad::{
-    MANAGED_BY_LABEL, NETWORK_LABEL, NetworkAttachmentDefinition, attachment_definition,
-};
-use crate::plan::{ClusterPlan, NetworkInput, NodeInput, plan_cluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kroce_operator::crd::conditions::stamp_transitions;
+use kroce_operator::crd::{
+    Condition, RdmaNetwork, RdmaNetworkStatus, RdmaNodeState, RdmaNodeStateSpec, SyncState,
+};
+use kroce_operator::names::{MANAGED_BY_LABEL, NETWORK_LABEL};
+use kroce_operator::plan::device_plugin::config_key;
+use kroce_operator::plan::merge::Desired;
+use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
+use kroce_operator::plan::{ClusterPlan, NetworkInput, NodeInput, plan_cluster};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -312,8 +311,11 @@ async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<NadOu
             .find(|e| e.namespace().as_deref() == Some(ns.as_str()));
         let same = current.is_some_and(|c| {
             c.spec == nad.spec
-                && c.annotations().get(crate::plan::nad::RESOURCE_ANNOTATION)
-                    == nad.annotations().get(crate::plan::nad::RESOURCE_ANNOTATION)
+                && c.annotations()
+                    .get(kroce_operator::plan::nad::RESOURCE_ANNOTATION)
+                    == nad
+                        .annotations()
+                        .get(kroce_operator::plan::nad::RESOURCE_ANNOTATION)
         });
         if same {
             continue;

@@ -3,7 +3,7 @@
 //! them; it checks each named netdev exists and carries an RDMA device, and
 //! reports what it found, so a node missing them is not counted ready.
 
-use crate::crd::{ObservedSoftDevice, SoftDeviceGroup};
+use kroce_operator::crd::{ObservedSoftDevice, SoftDeviceGroup};
 use sriov_helpers::Host;
 
 /// What one check found: the observations for the status, and one

@@ -3,13 +3,12 @@
 //! status through server-side apply, events, metrics.
 //!
 //! Every reconcile plans the whole cluster with the pure functions of
-//! [`crate::plan`] (the benchmark shows 1,000 nodes x 4 networks is cheap)
+//! [`kroce_operator::plan`] (the benchmark shows 1,000 nodes x 4 networks is cheap)
 //! and writes only what differs: node state specs, the device plugin's
 //! ConfigMap, this network's attachment definitions and its status.
 
 pub mod admission;
 pub mod drain;
-pub mod http;
 pub mod leader;
 pub mod metrics;
 mod sync;
@@ -17,12 +16,10 @@ mod sync;
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
-pub(crate) mod mock;
-#[cfg(test)]
 mod tests;
 
-use crate::crd::RdmaNetwork;
 use futures::StreamExt;
+use kroce_operator::crd::RdmaNetwork;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -33,11 +30,7 @@ use metrics::Metrics;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Finalizer on every `RdmaNetwork`: its attachment definitions and VFs go
-/// before the object does.
-pub const FINALIZER: &str = "kroce.io/cleanup";
-/// Field manager of everything the controller applies.
-pub const MANAGER: &str = "kroce-operator";
+pub use kroce_operator::names::{FINALIZER, MANAGER};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -114,14 +107,16 @@ const MAX_EVENT_NOTE: usize = 1000;
 /// Every RdmaNodeState, by name (= node name).
 pub(crate) async fn list_node_states(
     ctx: &Context,
-) -> Result<std::collections::BTreeMap<String, crate::crd::RdmaNodeState>, kube::Error> {
-    Ok(Api::<crate::crd::RdmaNodeState>::all(ctx.client.clone())
-        .list(&kube::api::ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect())
+) -> Result<std::collections::BTreeMap<String, kroce_operator::crd::RdmaNodeState>, kube::Error> {
+    Ok(
+        Api::<kroce_operator::crd::RdmaNodeState>::all(ctx.client.clone())
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|s| (s.name_any(), s))
+            .collect(),
+    )
 }
 
 /// `note` cut to what the Events API takes, on a character boundary.
@@ -248,7 +243,7 @@ pub async fn run(ctx: Context) -> anyhow::Result<()> {
             move |_| all(),
         )
         .watches(
-            Api::<crate::crd::RdmaNodeState>::all(client.clone()),
+            Api::<kroce_operator::crd::RdmaNodeState>::all(client.clone()),
             watcher::Config::default().any_semantic(),
             move |_| all2(),
         )

@@ -18,17 +18,22 @@
 //! (`ci/real-peers.sh` prints them); with `CI` set that is a failure.
 
 mod crd_server;
+#[allow(dead_code)]
+#[path = "rig/bins.rs"]
+mod rig_bins;
+
+use rig_bins::Binaries;
 
 use crd_server::{CrdServer, server};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kroce_operator::agent::run::AGENT_MANAGER;
-use kroce_operator::controller::MANAGER;
-use kroce_operator::controller::admission::FIELD_MANAGER as ADMISSION_MANAGER;
 use kroce_operator::crd::{
     Condition, NetworkAdmission, RdmaNetwork, RdmaNetworkSpec, RdmaNetworkStatus, RdmaNodeState,
     RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState,
 };
+use kroce_operator::names::ADMISSION_MANAGER;
+use kroce_operator::names::AGENT_MANAGER;
+use kroce_operator::names::MANAGER;
 use kube::api::{
     Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -531,9 +536,8 @@ async fn the_controllers_network_status_apply_is_stored_and_validated() {
 /// does, found again by the label selector its cleanup uses.
 #[tokio::test]
 async fn attachment_definitions_apply_and_are_found_by_their_network_label() {
-    use kroce_operator::plan::nad::{
-        NETWORK_LABEL, NetworkAttachmentDefinition, attachment_definition,
-    };
+    use kroce_operator::names::NETWORK_LABEL;
+    use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
     let Some(srv) = server() else { return };
     let client = srv.client().await;
     let spec: RdmaNetworkSpec = serde_json::from_value(json!({
@@ -582,7 +586,7 @@ async fn attachment_definitions_apply_and_are_found_by_their_network_label() {
 #[tokio::test]
 async fn the_controllers_reconcile_writes_node_states_nads_and_status_to_the_real_server() {
     use crd_server::core_stub::CoreStub;
-    use kroce_operator::controller::{Context, FINALIZER, metrics::Metrics, reconcile};
+    use kroce_controller::{Context, FINALIZER, metrics::Metrics, reconcile};
     use kroce_operator::crd::ObservedPf;
     use kroce_operator::plan::nad::NetworkAttachmentDefinition;
     use std::sync::Arc;
@@ -792,14 +796,13 @@ async fn watches_resume_from_a_resource_version_and_select_by_name() {
 /// runs) over a fixture host with fake VF, link and DCB edges, against the
 /// real server: it finds its state through the watch, applies it and
 /// reports by server-side apply, and a spec change reaches it.
-#[cfg(feature = "testing")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() {
-    use kroce_operator::agent::apply::AgentConfig;
-    use kroce_operator::agent::dcb::FakeDcb;
-    use kroce_operator::agent::links::FixtureLinks;
-    use kroce_operator::agent::run::{AgentMetrics, HostEdges, RunConfig, run_with};
-    use kroce_operator::agent::vfs::FixtureKernel;
+    use kroce_node_agent::apply::AgentConfig;
+    use kroce_node_agent::dcb::FakeDcb;
+    use kroce_node_agent::links::FixtureLinks;
+    use kroce_node_agent::run::{AgentMetrics, HostEdges, RunConfig, run_with};
+    use kroce_node_agent::vfs::FixtureKernel;
     use sriov_helpers::fixture::FixtureHost;
     use std::sync::Arc;
 
@@ -891,15 +894,11 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
 
 // ---- the shipped binary against the real server
 
-/// The binary under test: `KROCE_BIN_DIR/kroce-operator` when set (CI
-/// points it at the release build with default features, what the images
-/// ship), else this test build's.
-fn bin() -> std::process::Command {
-    let path = std::env::var_os("KROCE_BIN_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_kroce-operator")),
-        |d| PathBuf::from(d).join("kroce-operator"),
-    );
-    std::process::Command::new(path)
+/// The shipped binaries: `KROCE_BIN_DIR` when set (CI points it at the
+/// release build with default features, what the images ship), else next
+/// to this test's executable.
+fn bins() -> Binaries {
+    Binaries::locate().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `cmd` with KUBECONFIG at the real server until a stderr line
@@ -991,13 +990,8 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
         .await
         .unwrap();
     });
-    let mut cmd = bin();
-    cmd.args([
-        "controller",
-        "--leader-election=false",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
+    let mut cmd = std::process::Command::new(bins().controller);
+    cmd.args(["run", "--leader-election=false", "--listen", "127.0.0.1:0"]);
     let (stderr, code, reached) = run_until(
         srv,
         cmd,
@@ -1026,7 +1020,7 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
     });
     assert_eq!(
         net.metadata.finalizers.as_deref(),
-        Some(&[kroce_operator::controller::FINALIZER.to_string()][..]),
+        Some(&[kroce_controller::FINALIZER.to_string()][..]),
         "{stderr}"
     );
 }
@@ -1036,9 +1030,9 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
 #[test]
 fn the_shipped_controller_with_leader_election_fails_clearly_without_leases() {
     let Some(srv) = server() else { return };
-    let mut cmd = bin();
+    let mut cmd = std::process::Command::new(bins().controller);
     cmd.args([
-        "controller",
+        "run",
         "--leader-identity",
         "smoke-0",
         "--listen",
@@ -1081,8 +1075,8 @@ fn the_shipped_node_agent_reports_status_to_the_real_server() {
     let host = dir.path().join("host");
     std::fs::create_dir_all(host.join("sys/class/net")).unwrap();
     std::fs::create_dir_all(host.join("proc")).unwrap();
-    let mut cmd = bin();
-    cmd.args(["node-agent", "--node-name", node, "--listen", "127.0.0.1:0"])
+    let mut cmd = std::process::Command::new(bins().node_agent);
+    cmd.args(["run", "--node-name", node, "--listen", "127.0.0.1:0"])
         .arg("--host-root")
         .arg(&host)
         .arg("--configfs")

@@ -8,12 +8,12 @@ use super::host_files::{ensure_value, irqbalance_running, read_trimmed};
 use super::links::LinkControl;
 use super::soft::check_soft_devices;
 use super::vfs::VfControl;
-use crate::crd::{
+use kroce_operator::crd::{
     Condition, HeldVf, IrqPlacement, IrqPolicy, ObservedPf, ObservedQos, ObservedSoftDevice,
     ObservedVf, PfConfig, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState, Trust,
 };
-use crate::plan::irq::{IrqDevice, plan_irqs};
-use crate::plan::qos::{ROCE_V2_MODE, dscp_map, ecn_files, plan_qos, rdma_cm_port_dir};
+use kroce_operator::plan::irq::{IrqDevice, plan_irqs};
+use kroce_operator::plan::qos::{ROCE_V2_MODE, dscp_map, ecn_files, plan_qos, rdma_cm_port_dir};
 use sriov_helpers::{CpuList, Host, HostRoot, PciAddress, PciDevice};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -443,7 +443,13 @@ impl Agent<'_> {
         }
     }
 
-    fn apply_qos(&self, host: &Host, pf: PciAddress, q: &crate::crd::QosSpec, pass: &mut Pass) {
+    fn apply_qos(
+        &self,
+        host: &Host,
+        pf: PciAddress,
+        q: &kroce_operator::crd::QosSpec,
+        pass: &mut Pass,
+    ) {
         let plan = plan_qos(q);
         let Some(ifname) = host.netdev_of(&pf).map(str::to_string) else {
             pass.error("QosFailed", format!("PF {pf} has no netdev for DCB"));

@@ -12,10 +12,10 @@
 use super::holders::NETWORK_STATUS_ANNOTATION;
 use super::run::{AGENT_MANAGER, AgentMetrics, HostEdges, RunConfig, run_with};
 use super::tests::{PF0, PF1, Rig, irq_affinities, pci, pf_config, spec};
-use crate::controller::mock::{ApiServer, Call};
-use crate::crd::conditions::find;
-use crate::crd::{RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState};
 use futures::FutureExt;
+use kroce_operator::crd::conditions::find;
+use kroce_operator::crd::{RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState};
+use kroce_operator::testing::mock::{ApiServer, Call};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio::sync::oneshot;

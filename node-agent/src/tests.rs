@@ -6,7 +6,7 @@ use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, FakeDcb};
 use super::holders::PodSnapshot;
 use super::links::FixtureLinks;
 use super::vfs::{FixtureKernel, SysfsVfControl};
-use crate::crd::{
+use kroce_operator::crd::{
     IrqAffinity, IrqPolicy, PfConfig, QosSpec, RdmaNodeStateSpec, ReservedCpusMode, SyncState,
     VfGroup,
 };
@@ -148,7 +148,7 @@ pub(super) fn spec() -> RdmaNodeStateSpec {
     }
 }
 
-fn condition<'a>(o: &'a ApplyOutcome, t: &str) -> &'a crate::crd::Condition {
+fn condition<'a>(o: &'a ApplyOutcome, t: &str) -> &'a kroce_operator::crd::Condition {
     o.status
         .conditions
         .iter()
@@ -609,7 +609,7 @@ fn soft_devices_are_checked_not_created() {
     let spec = RdmaNodeStateSpec {
         node_name: "n1".into(),
         pfs: vec![],
-        soft_devices: vec![crate::crd::SoftDeviceGroup {
+        soft_devices: vec![kroce_operator::crd::SoftDeviceGroup {
             network: "rxe".into(),
             resource_name: "rdma/vf".into(),
             if_names: vec!["kvf0".into(), "kvf1".into()],

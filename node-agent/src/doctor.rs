@@ -10,7 +10,7 @@
 //! From the running kernel, through [`LiveNet`]: IPv4 addresses, DCB PFC
 //! state, the firewall ruleset.
 
-use crate::agent::dcb::Dcb;
+use crate::dcb::Dcb;
 use kroce_admission::doctor::{
     self, CheckResult, DoctorOptions, DoctorReport, MemlockLimit, NetState, Status,
 };

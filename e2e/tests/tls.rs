@@ -6,6 +6,11 @@
 //! CryptoProvider"), which is what kube-apiserver 1.36 showed. Skipped, and
 //! said so, when `python3` is missing.
 
+#[allow(dead_code)]
+#[path = "rig/bins.rs"]
+mod rig_bins;
+
+use rig_bins::Binaries;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -96,8 +101,16 @@ async fn a_real_client_from_a_kubeconfig_talks_tls_to_an_https_server() {
     assert_eq!(version.git_version, "v1.36.0-kroce-tls-test");
 }
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_kroce-operator"))
+fn bins() -> Binaries {
+    Binaries::locate().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn controller() -> Command {
+    Command::new(bins().controller)
+}
+
+fn node_agent() -> Command {
+    Command::new(bins().node_agent)
 }
 
 /// Waits for `child` to exit, up to `limit`; kills it after that.
@@ -129,13 +142,8 @@ fn the_controller_binary_reaches_an_https_api_server_without_panicking() {
     let Some(server) = start_server() else { return };
     let dir = tempfile::tempdir().unwrap();
     let path = kubeconfig(dir.path(), server.port);
-    let mut child = bin()
-        .args([
-            "controller",
-            "--leader-election=false",
-            "--listen",
-            "127.0.0.1:0",
-        ])
+    let mut child = controller()
+        .args(["run", "--leader-election=false", "--listen", "127.0.0.1:0"])
         .env("KUBECONFIG", &path)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(Stdio::null())
@@ -164,8 +172,8 @@ fn the_node_agent_binary_runs_over_tls_and_exits_0_on_sigterm() {
     let host = dir.path().join("host");
     std::fs::create_dir_all(host.join("sys/class/net")).unwrap();
     std::fs::create_dir_all(host.join("proc")).unwrap();
-    let mut child = bin()
-        .args(["node-agent", "--node-name", "n1", "--listen", "127.0.0.1:0"])
+    let mut child = node_agent()
+        .args(["run", "--node-name", "n1", "--listen", "127.0.0.1:0"])
         .arg("--host-root")
         .arg(&host)
         .arg("--configfs")
@@ -223,13 +231,8 @@ fn kroce_log_level_debug_is_debug_for_kroce_crates_only() {
     let Some(server) = start_server() else { return };
     let dir = tempfile::tempdir().unwrap();
     let path = kubeconfig(dir.path(), server.port);
-    let out = bin()
-        .args([
-            "controller",
-            "--leader-election=false",
-            "--listen",
-            "127.0.0.1:0",
-        ])
+    let out = controller()
+        .args(["run", "--leader-election=false", "--listen", "127.0.0.1:0"])
         .env("KUBECONFIG", &path)
         .env("KROCE_LOG_LEVEL", "debug")
         .env_remove("RUST_LOG")
@@ -241,7 +244,7 @@ fn kroce_log_level_debug_is_debug_for_kroce_crates_only() {
     assert!(
         debug
             .iter()
-            .any(|l| l.contains("kroce_operator") && l.contains("log filter")),
+            .any(|l| l.contains("kroce_controller") && l.contains("log filter")),
         "no kroce debug line:\n{stderr}"
     );
     let foreign: Vec<&&str> = debug

@@ -3,12 +3,15 @@
 //! removed on pass and kept on fail (with the number that missed); cleanup
 //! on timeout; admission disabled admits on configuration alone.
 
-use super::admission::{FIELD_MANAGER, NETWORK_LABEL, ROLE_LABEL, RUN_LABEL, test_nad_name};
-use super::mock::ApiServer;
+use super::admission::test_nad_name;
 use super::{Context, reconcile};
-use crate::controller::metrics::Metrics;
-use crate::crd::{RdmaNetwork, RdmaNodeState};
+use crate::metrics::Metrics;
 use kroce_admission::pod_run::{ENDPOINT_SECTION, section_marker};
+use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
+use kroce_operator::names::{
+    ADMISSION_MANAGER, ADMISSION_NETWORK_LABEL, ADMISSION_ROLE_LABEL, ADMISSION_RUN_LABEL,
+};
+use kroce_operator::testing::mock::ApiServer;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -177,7 +180,7 @@ impl Cluster {
     fn pod(&self, role: &str) -> Value {
         self.pods()
             .into_iter()
-            .find(|p| p["metadata"]["labels"][ROLE_LABEL] == role)
+            .find(|p| p["metadata"]["labels"][ADMISSION_ROLE_LABEL] == role)
             .unwrap_or_else(|| panic!("no {role} pod in {:?}", self.pods()))
     }
 
@@ -201,7 +204,7 @@ impl Cluster {
         self.reconcile().await;
         let server = self.pod("server");
         let name = server["metadata"]["name"].as_str().unwrap().to_string();
-        let run = server["metadata"]["labels"][RUN_LABEL]
+        let run = server["metadata"]["labels"][ADMISSION_RUN_LABEL]
             .as_str()
             .unwrap()
             .to_string();
@@ -285,7 +288,10 @@ async fn test_pods_request_the_resource_whole_cpus_and_run_the_pinning_runner() 
     let (server_name, run) = c.to_server_pod().await;
     let server = c.pod("server");
     assert_eq!(server["metadata"]["namespace"], TEST_NS);
-    assert_eq!(server["metadata"]["labels"][NETWORK_LABEL], "fast");
+    assert_eq!(
+        server["metadata"]["labels"][ADMISSION_NETWORK_LABEL],
+        "fast"
+    );
     assert_eq!(server_name, format!("{run}-server"));
     assert_eq!(
         server["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
@@ -589,6 +595,6 @@ async fn deleting_the_network_cleans_up_pods_entries_and_marks() {
 
 #[test]
 fn admission_has_its_own_field_manager() {
-    assert_ne!(FIELD_MANAGER, crate::agent::run::AGENT_MANAGER);
-    assert_ne!(FIELD_MANAGER, super::MANAGER);
+    assert_ne!(ADMISSION_MANAGER, kroce_operator::names::AGENT_MANAGER);
+    assert_ne!(ADMISSION_MANAGER, super::MANAGER);
 }

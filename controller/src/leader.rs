@@ -16,10 +16,10 @@
 //! lease is lost, and hands the lease back on a clean shutdown.
 
 use super::MANAGER;
-use crate::plan::nad::MANAGED_BY_LABEL;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kroce_operator::names::MANAGED_BY_LABEL;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use std::collections::BTreeMap;
@@ -426,7 +426,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::mock::ApiServer;
+    use kroce_operator::testing::mock::ApiServer;
 
     const S15: Duration = Duration::from_secs(15);
 

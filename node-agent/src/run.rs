@@ -10,10 +10,10 @@ use super::dcb::{Dcb, NetlinkDcb, SocketTransport};
 use super::holders::{NETWORK_STATUS_ANNOTATION, PodSnapshot, VfHolders};
 use super::links::{LinkControl, RtnetlinkLinks};
 use super::vfs::{SysfsVfControl, VfControl};
-use crate::crd::conditions::stamp_transitions;
-use crate::crd::{RdmaNodeState, RdmaNodeStateStatus};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kroce_operator::crd::conditions::stamp_transitions;
+use kroce_operator::crd::{RdmaNodeState, RdmaNodeStateStatus};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -22,7 +22,7 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const AGENT_MANAGER: &str = "kroce-node-agent";
+pub use kroce_operator::names::AGENT_MANAGER;
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -230,7 +230,7 @@ pub async fn run_with(
             tracing::info!(change = %c, "applied");
         }
         let mut status = outcome.status;
-        if status.sync_state == crate::crd::SyncState::Failed {
+        if status.sync_state == kroce_operator::crd::SyncState::Failed {
             metrics.failed.inc();
         }
         status.observed_generation = state.metadata.generation;

@@ -1,9 +1,9 @@
 //! Reconcile scenarios against the in-memory API server.
 
-use super::mock::ApiServer;
 use super::{Context, FINALIZER, error_policy, reconcile};
-use crate::controller::metrics::Metrics;
-use crate::crd::{RdmaNetwork, RdmaNodeState};
+use crate::metrics::Metrics;
+use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
+use kroce_operator::testing::mock::ApiServer;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -217,7 +217,7 @@ async fn creates_node_states_attachment_definitions_and_device_plugin_config() {
         .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
         .unwrap();
     let yaml = cm["data"]["n1.yaml"].as_str().unwrap();
-    let cfg: crate::plan::DevicePluginConfig = serde_saphyr::from_str(yaml).unwrap();
+    let cfg: kroce_operator::plan::DevicePluginConfig = serde_saphyr::from_str(yaml).unwrap();
     let pools: Vec<(&str, Vec<&str>, Option<&str>)> = cfg
         .pools
         .iter()
@@ -496,7 +496,7 @@ async fn soft_device_network_from_the_kind_e2e_reaches_ready() {
         .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
         .unwrap();
     for key in ["kind-worker.yaml", "kind-worker2.yaml"] {
-        let cfg: crate::plan::DevicePluginConfig = serde_saphyr::from_str(
+        let cfg: kroce_operator::plan::DevicePluginConfig = serde_saphyr::from_str(
             cm["data"][key]
                 .as_str()
                 .unwrap_or_else(|| panic!("no {key}: {cm}")),

@@ -14,8 +14,8 @@
 //! plans and acts; [`run`] repeats it.
 
 use super::{Context, Error};
-use crate::crd::RdmaNodeState;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kroce_operator::crd::RdmaNodeState;
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// On a node kroce is draining; the value says whether kroce cordoned it.
-pub const DRAIN_ANNOTATION: &str = "kroce.io/drain";
+pub use kroce_operator::names::DRAIN_ANNOTATION;
 /// kroce set `spec.unschedulable`: it clears it when done.
 pub const CORDONED_BY_KROCE: &str = "cordoned";
 /// The node was unschedulable already: left so when done.
@@ -491,15 +491,15 @@ mod tests {
     fn held_report_names_only_addressable_pods() {
         let mut s = RdmaNodeState::new("n1", Default::default());
         s.metadata.generation = Some(3);
-        s.status = Some(crate::crd::RdmaNodeStateStatus {
+        s.status = Some(kroce_operator::crd::RdmaNodeStateStatus {
             observed_generation: Some(3),
             held_vfs: vec![
-                crate::crd::HeldVf {
+                kroce_operator::crd::HeldVf {
                     pods: vec!["team-a/a-0".into(), "team-a/a-0".into()],
                     reason: "VF 1 held".into(),
                     ..Default::default()
                 },
-                crate::crd::HeldVf {
+                kroce_operator::crd::HeldVf {
                     pods: vec!["unknown pods (cannot list pods on this node: 403)".into()],
                     reason: "VF 2 held by unknown pods".into(),
                     ..Default::default()
@@ -518,8 +518,8 @@ mod tests {
         assert_eq!(parse_pod_ref("A/b"), None);
     }
 
-    use crate::controller::metrics::Metrics;
-    use crate::controller::mock::ApiServer;
+    use crate::metrics::Metrics;
+    use kroce_operator::testing::mock::ApiServer;
     use serde_json::{Value, json};
     use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The node agent: applies an `RdmaNodeState` spec to a host (roots given
+//! The node agent (and `doctor`, its checks run by hand): applies an `RdmaNodeState` spec to a host (roots given
 //! as values) and reports what it found. Side effects go through narrow
 //! traits ([`VfControl`], [`LinkControl`], [`Dcb`]) and plain file writes
 //! under the given sysfs/procfs/configfs roots; [`run`] is the Kubernetes
@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod counters;
 pub mod dcb;
+pub mod doctor;
 pub mod holders;
 pub mod host_files;
 pub mod links;

@@ -177,7 +177,7 @@ mod tests {
             "# HELP kroce_rdma_hw_np_cnp_sent RDMA port hw_counter np_cnp_sent\n# TYPE kroce_rdma_hw_np_cnp_sent counter\nkroce_rdma_hw_np_cnp_sent_total{node=\"n1\",device=\"mlx5_0\",port=\"1\"} 7\n"
         );
         assert_eq!(
-            crate::controller::http::append_families("# HELP a x\na_total 1\n# EOF\n", &o),
+            kroce_operator::http::append_families("# HELP a x\na_total 1\n# EOF\n", &o),
             format!("# HELP a x\na_total 1\n{o}# EOF\n")
         );
     }

@@ -8,10 +8,10 @@
 //! or discards grow faster than the configured rates.
 
 use super::counters::{Counters, now_ms};
-use crate::crd::{Condition, ConditionStatus, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use kroce_admission::counters::{CongestionLimits, CounterSnapshot, congestion_condition};
 use kroce_admission::doctor::{DoctorOptions, DoctorReport, NetState, Status, names};
 use kroce_nri::reachability::{NriStatus, nri_socket_status};
+use kroce_operator::crd::{Condition, ConditionStatus, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use sriov_helpers::Host;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -269,9 +269,9 @@ impl NodeChecks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::counters::{CounterScope, EthtoolSource, NoEthtool};
-    use crate::controller::http::append_families;
-    use crate::crd::{ObservedPf, ObservedQos, PfConfig, QosSpec};
+    use crate::counters::{CounterScope, EthtoolSource, NoEthtool};
+    use kroce_operator::crd::{ObservedPf, ObservedQos, PfConfig, QosSpec};
+    use kroce_operator::http::append_families;
     use sriov_helpers::PciAddress;
     use sriov_helpers::fixture::FixtureHost;
     use std::path::Path;
@@ -425,7 +425,7 @@ mod tests {
         );
         // One exposition with the agent's own metrics, # EOF last.
         let mut reg = prometheus_client::registry::Registry::default();
-        crate::agent::run::AgentMetrics::default().register(&mut reg);
+        crate::run::AgentMetrics::default().register(&mut reg);
         let mut own = String::new();
         prometheus_client::encoding::text::encode(&mut own, &reg).unwrap();
         let body = append_families(&own, &text);

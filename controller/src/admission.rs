@@ -17,22 +17,24 @@
 //! network's run is left out of this network's plan until that run ends.
 
 use super::{Context, Error};
-use crate::crd::admission::{AdmissionResult, NetworkAdmission, rfc3339};
-use crate::crd::conditions::stamp_transitions;
-use crate::crd::{
-    AdmissionGate, AdmissionSpec, Condition, RdmaNetwork, RdmaNodeState, RdmaNodeStateSpec,
-};
-use crate::plan::merge::{Desired, NodePlan};
-use crate::plan::nad::{
-    MANAGED_BY_LABEL, MANAGER, NetworkAttachmentDefinition, attachment_definition,
-};
-use crate::plan::{ClusterPlan, DevicePluginConfig};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kroce_admission::lifecycle::{
     self, Action as Step, AdmissionInput, AdmissionPhase, NodeAdmission, NodeView, READY_LABEL_KEY,
     RunOutcome, TestRun, UNREADY_TAINT_KEY,
 };
 use kroce_admission::pod_run::{self, RUNNER_BINARY, Role};
+use kroce_operator::crd::admission::{AdmissionResult, NetworkAdmission, rfc3339};
+use kroce_operator::crd::conditions::stamp_transitions;
+use kroce_operator::crd::{
+    AdmissionGate, AdmissionSpec, Condition, RdmaNetwork, RdmaNodeState, RdmaNodeStateSpec,
+};
+use kroce_operator::names::{
+    ADMISSION_MANAGER, ADMISSION_NETWORK_LABEL, ADMISSION_ROLE_LABEL, ADMISSION_RUN_LABEL,
+};
+use kroce_operator::names::{MANAGED_BY_LABEL, MANAGER};
+use kroce_operator::plan::merge::{Desired, NodePlan};
+use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
+use kroce_operator::plan::{ClusterPlan, DevicePluginConfig};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
@@ -43,11 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Field manager of everything admission writes.
-pub const FIELD_MANAGER: &str = "kroce-admission";
 /// Test pod labels.
-pub const RUN_LABEL: &str = "kroce.io/admission-run";
-pub const NETWORK_LABEL: &str = "kroce.io/admission-network";
-pub const ROLE_LABEL: &str = "kroce.io/admission-role";
 /// Multus: which attachments a pod wants, and what it got.
 const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
 const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
@@ -441,9 +439,9 @@ pub fn test_pod(
             "name": pod_name(run, role),
             "namespace": settings.test_namespace,
             "labels": {
-                RUN_LABEL: run.id,
-                NETWORK_LABEL: network,
-                ROLE_LABEL: role.as_str(),
+                ADMISSION_RUN_LABEL: run.id,
+                ADMISSION_NETWORK_LABEL: network,
+                ADMISSION_ROLE_LABEL: role.as_str(),
                 MANAGED_BY_LABEL: MANAGER,
             },
             "annotations": { NETWORKS_ANNOTATION: test_nad_name(network) },
@@ -635,13 +633,13 @@ async fn ensure_test_nad(ctx: &Context, net: &RdmaNetwork) -> Result<(), Error> 
     let mut nad = attachment_definition(&name, &net.spec, ns);
     nad.metadata.name = Some(test_nad_name(&name));
     nad.metadata.labels = Some(BTreeMap::from([
-        (NETWORK_LABEL.to_string(), name.clone()),
+        (ADMISSION_NETWORK_LABEL.to_string(), name.clone()),
         (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
     ]));
     let api: Api<NetworkAttachmentDefinition> = Api::namespaced(ctx.client.clone(), ns);
     api.patch(
         &test_nad_name(&name),
-        &PatchParams::apply(FIELD_MANAGER).force(),
+        &PatchParams::apply(ADMISSION_MANAGER).force(),
         &Patch::Apply(&nad),
     )
     .await?;
@@ -769,11 +767,11 @@ async fn run_network(
     // Finished runs, from their pods.
     let mut by_run: BTreeMap<&str, (Option<&Pod>, Option<&Pod>)> = BTreeMap::new();
     for p in &world.pods {
-        let Some(run) = label(p, RUN_LABEL) else {
+        let Some(run) = label(p, ADMISSION_RUN_LABEL) else {
             continue;
         };
         let slot = by_run.entry(run).or_default();
-        match label(p, ROLE_LABEL) {
+        match label(p, ADMISSION_ROLE_LABEL) {
             Some("server") => slot.0 = Some(p),
             Some("client") => slot.1 = Some(p),
             _ => {}
@@ -821,7 +819,7 @@ async fn run_network(
                 let names = world
                     .pods
                     .iter()
-                    .filter(|p| label(p, RUN_LABEL) == Some(run_id.as_str()))
+                    .filter(|p| label(p, ADMISSION_RUN_LABEL) == Some(run_id.as_str()))
                     .map(|p| p.name_any())
                     .collect::<Vec<_>>();
                 for e in delete_pods(&pods_api, names.iter().map(String::as_str)).await {
@@ -969,7 +967,7 @@ async fn persist_and_mark(
         });
         api.patch_status(
             node,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(ADMISSION_MANAGER).force(),
             &Patch::Apply(&body),
         )
         .await?;
@@ -1069,7 +1067,7 @@ pub(crate) async fn reconcile_network(
     let _one_at_a_time = settings.lock.lock().await;
     let now = (settings.clock)();
     let name = net.name_any();
-    let world = list_world(ctx, &format!("{NETWORK_LABEL}={name}")).await?;
+    let world = list_world(ctx, &format!("{ADMISSION_NETWORK_LABEL}={name}")).await?;
     let mut entries = current_entries(&world);
     let spec = AdmissionSpec::of(net.spec.admission.as_ref());
     let mut wake = IDLE;
@@ -1099,7 +1097,7 @@ pub(crate) async fn cleanup_network(
     let settings = ctx.admission.clone();
     let _one_at_a_time = settings.lock.lock().await;
     let name = net.name_any();
-    let world = list_world(ctx, &format!("{NETWORK_LABEL}={name}")).await?;
+    let world = list_world(ctx, &format!("{ADMISSION_NETWORK_LABEL}={name}")).await?;
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &settings.test_namespace);
     let names: Vec<String> = world.pods.iter().map(|p| p.name_any()).collect();
     let mut errors = delete_pods(&pods_api, names.iter().map(String::as_str)).await;
@@ -1139,8 +1137,8 @@ pub(crate) async fn cleanup_network(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{PfConfig, VfGroup};
-    use crate::plan::Pool;
+    use kroce_operator::crd::{PfConfig, VfGroup};
+    use kroce_operator::plan::Pool;
 
     fn pf(network: &str, range: &str) -> PfConfig {
         PfConfig {
@@ -1209,7 +1207,7 @@ mod tests {
             resource_name: r.into(),
             mode: "exclusive".into(),
             memlock: None,
-            selectors: crate::plan::Selectors {
+            selectors: kroce_operator::plan::Selectors {
                 pf_names: vec![pf.into()],
                 ..Default::default()
             },
@@ -1230,9 +1228,9 @@ mod tests {
             None
         );
         // Applied: the desired pools.
-        state.status = Some(crate::crd::RdmaNodeStateStatus {
+        state.status = Some(kroce_operator::crd::RdmaNodeStateStatus {
             observed_generation: Some(2),
-            sync_state: crate::crd::SyncState::Succeeded,
+            sync_state: kroce_operator::crd::SyncState::Succeeded,
             ..Default::default()
         });
         assert_eq!(

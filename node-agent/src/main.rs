@@ -1,16 +1,16 @@
-//! `kroce-operator`: the CRDs, the cluster controller and the node agent.
+//! `kroce-node-agent`: the per-node agent (privileged DaemonSet), and the
+//! same host code for an engineer on the node: `doctor` and `apply`.
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use kroce_operator::agent::apply::{Agent, AgentConfig};
-use kroce_operator::agent::dcb::{NetlinkDcb, SocketTransport};
-use kroce_operator::agent::holders::PodSnapshot;
-use kroce_operator::agent::links::RtnetlinkLinks;
-use kroce_operator::agent::run::{AgentMetrics, RunConfig};
-use kroce_operator::agent::vfs::SysfsVfControl;
-use kroce_operator::controller::http::{Health, serve};
-use kroce_operator::controller::metrics::Metrics;
+use kroce_node_agent::apply::{Agent, AgentConfig};
+use kroce_node_agent::dcb::{NetlinkDcb, SocketTransport};
+use kroce_node_agent::holders::PodSnapshot;
+use kroce_node_agent::links::RtnetlinkLinks;
+use kroce_node_agent::run::{AgentMetrics, RunConfig};
+use kroce_node_agent::vfs::SysfsVfControl;
 use kroce_operator::crd::{RdmaNodeStateSpec, SyncState};
+use kroce_operator::http::Health;
 use prometheus_client::registry::Registry;
 use sriov_helpers::HostRoot;
 use std::net::SocketAddr;
@@ -18,8 +18,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// kroce operator: RdmaNetwork -> VFs, NUMA-local IRQs, RoCE QoS, device
-/// plugin pools and NetworkAttachmentDefinitions.
+/// kroce node agent: applies this node's RdmaNodeState (VFs, NUMA-local
+/// IRQs, RoCE QoS) and reports what it found.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
@@ -75,44 +75,8 @@ impl HostArgs {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Print the CRDs (RdmaNetwork, RdmaNodeState) as YAML.
-    Crd,
-    /// Run the cluster controller (one per cluster).
-    Controller {
-        /// The operator's own namespace: device plugin ConfigMap and leader Lease.
-        #[arg(long, env = "POD_NAMESPACE", default_value = "kroce-system")]
-        namespace: String,
-        /// Name of the shared device plugin ConfigMap (keys: <node>.yaml).
-        #[arg(long, default_value = "kroce-device-plugin")]
-        configmap: String,
-        /// Address for /metrics and /health.
-        #[arg(long, default_value = "0.0.0.0:8080")]
-        listen: SocketAddr,
-        /// Reconcile only while holding the Lease (needed with replicas > 1).
-        /// A replica that loses the Lease exits non-zero and restarts.
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
-              num_args = 0..=1, default_missing_value = "true")]
-        leader_election: bool,
-        /// Name of the leader Lease (coordination.k8s.io/v1) in --namespace.
-        #[arg(long, default_value = "kroce-operator")]
-        lease_name: String,
-        /// Seconds the Lease lives without renewal; the leader renews every
-        /// 2/15 of it and gives up after 2/3 of it without a renewal.
-        #[arg(long, default_value_t = 15)]
-        lease_duration_seconds: u64,
-        /// This replica's name in the Lease (the pod name, from the downward API).
-        #[arg(long, env = "POD_NAME")]
-        leader_identity: Option<String>,
-        /// When VFs that must go are held by pods: cordon that node (one at a
-        /// time), evict only those pods, uncordon when its VFs are in sync.
-        #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
-              num_args = 0..=1, default_missing_value = "true")]
-        drain_held_vfs: bool,
-        #[command(flatten)]
-        admission: kroce_operator::controller::admission::AdmissionArgs,
-    },
     /// Run the node agent (one per node, privileged, host sysfs/procfs).
-    NodeAgent {
+    Run {
         /// This node's name (from the downward API).
         #[arg(long, env = "NODE_NAME")]
         node_name: String,
@@ -128,7 +92,7 @@ enum Cmd {
         #[arg(long, default_value = "0.0.0.0:8081")]
         listen: SocketAddr,
         #[command(flatten)]
-        checks: kroce_operator::agent::node_checks::NodeCheckArgs,
+        checks: kroce_node_agent::node_checks::NodeCheckArgs,
     },
     /// Run the RoCE checks an engineer runs by hand against a host root and
     /// print a table (or --json); exit 1 when any check fails.
@@ -136,7 +100,7 @@ enum Cmd {
         #[command(flatten)]
         host: HostArgs,
         #[command(flatten)]
-        args: kroce_operator::doctor::DoctorArgs,
+        args: kroce_node_agent::doctor::DoctorArgs,
     },
     /// Apply an RdmaNodeState spec (YAML file) to this host once, without
     /// Kubernetes, and print the resulting status as JSON. Exit 0 when in
@@ -186,10 +150,6 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Crd => {
-            print!("{}", kroce_operator::crd::crds_yaml()?);
-            Ok(())
-        }
         Cmd::Apply {
             spec_file,
             host,
@@ -234,14 +194,14 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
 }
 
 /// `doctor`: the checks, a table or JSON on stdout, exit 1 when any fails.
-fn doctor_once(host: &HostArgs, args: &kroce_operator::doctor::DoctorArgs) -> anyhow::Result<()> {
+fn doctor_once(host: &HostArgs, args: &kroce_node_agent::doctor::DoctorArgs) -> anyhow::Result<()> {
     use kroce_admission::doctor::Status;
     let cfg = args.config(host.agent_config().root, &host.host_root)?;
     // DCB state over netlink; without a socket, PFC is reported as unknown.
-    let live = kroce_operator::doctor::HostNet {
+    let live = kroce_node_agent::doctor::HostNet {
         dcb: SocketTransport::new().ok().map(NetlinkDcb::new),
     };
-    let report = kroce_operator::doctor::run(&cfg, &live)?;
+    let report = kroce_node_agent::doctor::run(&cfg, &live)?;
     if args.json {
         println!("{}", report.to_json()?);
     } else {
@@ -253,84 +213,9 @@ fn doctor_once(host: &HostArgs, args: &kroce_operator::doctor::DoctorArgs) -> an
     Ok(())
 }
 
-/// SIGTERM (kubelet) or Ctrl-C.
-async fn terminated() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Controller {
-            namespace,
-            configmap,
-            listen,
-            leader_election,
-            lease_name,
-            lease_duration_seconds,
-            leader_identity,
-            drain_held_vfs,
-            admission,
-        } => {
-            let identity = match (leader_election, leader_identity) {
-                (true, None) => anyhow::bail!(
-                    "--leader-election needs this replica's identity: set POD_NAME from the \
-                     downward API (or --leader-identity), or pass --leader-election=false"
-                ),
-                (_, id) => id.unwrap_or_default(),
-            };
-            let client = kube::Client::try_default()
-                .await
-                .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
-            let metrics = Arc::new(Metrics::default());
-            let mut registry = Registry::default();
-            metrics.register(&mut registry);
-            let health = Arc::new(Health::default());
-            let server = tokio::spawn(serve(listen, Arc::new(registry), health.clone()));
-            let ctx = kroce_operator::controller::Context::new(
-                client.clone(),
-                &namespace,
-                &configmap,
-                metrics,
-            )
-            .with_admission(admission.settings());
-            // The reconciler and the drain run together, and only while leading.
-            let work = move || async move {
-                let drain = kroce_operator::controller::drain::run(ctx.clone(), drain_held_vfs);
-                tokio::select! {
-                    r = kroce_operator::controller::run(ctx) => r,
-                    r = drain => r,
-                }
-            };
-            let r = if leader_election {
-                use kroce_operator::controller::leader::{LeaderElector, LeaseTimings, lead};
-                let mut elector = LeaderElector::new(
-                    client,
-                    &namespace,
-                    &lease_name,
-                    &identity,
-                    LeaseTimings::for_duration(Duration::from_secs(lease_duration_seconds)),
-                );
-                lead(&mut elector, work, terminated()).await.map(|_| ())
-            } else {
-                work().await
-            };
-            health
-                .failed
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            server.abort();
-            r
-        }
-        Cmd::NodeAgent {
+        Cmd::Run {
             node_name,
             host,
             resync_seconds,
@@ -349,9 +234,9 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             let checks = checks.node_checks(&node_name, &agent.root, &host.host_root);
             // RDMA counters are read from sysfs at each scrape.
             let counters = checks.counters.clone();
-            let extra: kroce_operator::controller::http::ExtraMetrics =
+            let extra: kroce_operator::http::ExtraMetrics =
                 Arc::new(move || counters.metrics_text());
-            let server = tokio::spawn(kroce_operator::controller::http::serve_with(
+            let server = tokio::spawn(kroce_operator::http::serve_with(
                 listen,
                 Arc::new(registry),
                 health.clone(),
@@ -364,13 +249,13 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                 vf_write_timeout: Duration::from_secs(vf_write_timeout_seconds.max(1)),
                 checks: Some(checks),
             };
-            let r = kroce_operator::agent::run::run(client, cfg, metrics).await;
+            let r = kroce_node_agent::run::run(client, cfg, metrics).await;
             health
                 .failed
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             server.abort();
             r
         }
-        Cmd::Crd | Cmd::Apply { .. } | Cmd::Doctor { .. } => Ok(()),
+        Cmd::Apply { .. } | Cmd::Doctor { .. } => Ok(()),
     }
 }

@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! `kroce-operator doctor` against fixture hosts: a healthy host passes
+//! `kroce-node-agent doctor` against fixture hosts: a healthy host passes
 //! (exit 0), a failing check fails the run (exit 1), NRI reachability is
 //! a check of its own, bad input names the file.
 
@@ -68,7 +68,7 @@ fn healthy() -> Healthy {
 }
 
 fn doctor(h: &Healthy, nri: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kroce-operator"))
+    Command::new(env!("CARGO_BIN_EXE_kroce-node-agent"))
         .arg("doctor")
         .arg("--host-root")
         .arg(h.fx.path())
@@ -187,7 +187,7 @@ fn small_memlock_without_nri_fails_and_with_nri_warns() {
 #[test]
 fn bad_input_names_the_file_or_flag() {
     let h = healthy();
-    let out = Command::new(env!("CARGO_BIN_EXE_kroce-operator"))
+    let out = Command::new(env!("CARGO_BIN_EXE_kroce-node-agent"))
         .args(["doctor", "--host-root"])
         .arg(h.fx.path())
         .args(["--net-state", "/nonexistent/net.json"])
@@ -204,7 +204,7 @@ fn bad_input_names_the_file_or_flag() {
         err.contains("net-state.json") && err.contains("NetState"),
         "{err}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_kroce-operator"))
+    let out = Command::new(env!("CARGO_BIN_EXE_kroce-node-agent"))
         .args(["doctor", "--roce-priority", "9"])
         .output()
         .unwrap();

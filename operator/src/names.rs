@@ -1,0 +1,56 @@
+//! Every label, annotation, finalizer and field-manager name the controller
+//! and the node agent write, defined once. (Pod-facing annotations shared
+//! with the device plugin, CNI and NRI live in `kroce_contracts`.)
+
+/// Field manager of everything the controller applies, and the value of
+/// [`MANAGED_BY_LABEL`] on what it creates.
+pub const MANAGER: &str = "kroce-operator";
+/// Field manager of the node agent's `RdmaNodeState` status.
+pub const AGENT_MANAGER: &str = "kroce-node-agent";
+/// Field manager of the admission gate's writes (taints, marks, run pods).
+pub const ADMISSION_MANAGER: &str = "kroce-admission";
+
+/// Finalizer on every `RdmaNetwork`: its attachment definitions and VFs go
+/// before the object does.
+pub const FINALIZER: &str = "kroce.io/cleanup";
+
+/// `app.kubernetes.io/managed-by` on what the controller creates.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// On each NetworkAttachmentDefinition: the `RdmaNetwork` it belongs to.
+pub const NETWORK_LABEL: &str = "kroce.io/network";
+
+/// On a Node the controller cordoned to free held VFs: why (see drain).
+pub const DRAIN_ANNOTATION: &str = "kroce.io/drain";
+
+/// On admission perftest pods: the run they belong to.
+pub const ADMISSION_RUN_LABEL: &str = "kroce.io/admission-run";
+/// On admission perftest pods: the `RdmaNetwork` under test. Not
+/// [`NETWORK_LABEL`]: these pods are not attachment definitions.
+pub const ADMISSION_NETWORK_LABEL: &str = "kroce.io/admission-network";
+/// On admission perftest pods: server or client.
+pub const ADMISSION_ROLE_LABEL: &str = "kroce.io/admission-role";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct() {
+        let labels = [
+            MANAGED_BY_LABEL,
+            NETWORK_LABEL,
+            DRAIN_ANNOTATION,
+            ADMISSION_RUN_LABEL,
+            ADMISSION_NETWORK_LABEL,
+            ADMISSION_ROLE_LABEL,
+            FINALIZER,
+        ];
+        let managers = [MANAGER, AGENT_MANAGER, ADMISSION_MANAGER];
+        for set in [&labels[..], &managers[..]] {
+            let mut s: Vec<&str> = set.to_vec();
+            s.sort_unstable();
+            s.dedup();
+            assert_eq!(s.len(), set.len(), "{set:?}");
+        }
+    }
+}
