@@ -16,16 +16,18 @@
 //! (`NL_CFG_F_NONROOT_RECV`).
 //!
 //! Which uevents a namespace gets (lib/kobject_uevent.c,
-//! `kobject_uevent_net_broadcast`): an event of a kobject tagged with a
-//! network namespace — a `net` device, and an RDMA device in exclusive
-//! netns mode — goes only to that namespace's socket
-//! (`uevent_net_broadcast_tagged`); every other event (PCI, shared-mode RDMA,
-//! char devices) goes to every namespace owned by the initial user namespace
-//! (`uevent_net_broadcast_untagged` over `uevent_sock_list`, which
-//! `uevent_net_init` fills only with such namespaces). So in the host netns
-//! the plugin sees every event it needs; a VF netdev moved into a pod's netns
-//! is no longer ours to watch anyway. Inside a user namespace (not the
-//! chart's setup) no uevent at all would arrive: the safety rescan covers it.
+//! `kobject_uevent_net_broadcast`): an event of a device whose class is
+//! tagged with a network namespace — `net` devices, and `infiniband` devices
+//! (drivers/infiniband/core/device.c `ib_class`: their RDMA netns, the
+//! initial one unless moved in exclusive mode) — goes only to that
+//! namespace's socket (`uevent_net_broadcast_tagged`); every other event
+//! (PCI functions, uverbs/umad char devices) goes to every namespace owned by
+//! the initial user namespace (`uevent_net_broadcast_untagged` over
+//! `uevent_sock_list`, which `uevent_net_init` fills only with such
+//! namespaces). The host netns is the initial one, so there the plugin sees
+//! every event it needs; a VF netdev moved into a pod's netns is no longer
+//! ours to watch anyway. Inside a user namespace (not the chart's setup) no
+//! uevent would arrive: the safety rescan covers that.
 //!
 //! Whether an event concerns us is decided by pure functions ([`parse_uevent`],
 //! [`uevent_concerns`], [`parse_links`], [`link_concerns`]) against the

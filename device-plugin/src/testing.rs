@@ -10,6 +10,9 @@
 //!
 //! Also [`scratch_dir`], a temp dir on tmpfs when there is one: fixture
 //! hosts are thousands of small files, and a busy disk makes tests crawl.
+//! [`veth`]: a real veth behind a fixture VF netdev, in a throwaway netns.
+
+pub mod veth;
 
 use crate::api::{
     self, device_plugin_client::DevicePluginClient, registration_server::Registration,

@@ -1,10 +1,11 @@
 //! A fixture host, a kubelet stand-in and the plugin, all under one temp dir.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use kroce_device_plugin::plugin::{self, Options, RunError};
+use kroce_device_plugin::plugin::{self, Counters, Options, RunError};
 use kroce_device_plugin::testing::{KubeletStandIn, PodResourcesStandIn, scratch_dir};
 use sriov_helpers::fixture::FixtureHost;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -47,6 +48,11 @@ pub struct Harness {
     stop: Option<oneshot::Sender<()>>,
     generation: AtomicU32,
     pub cdi: bool,
+    /// The plugin's safety tick ([`RESCAN`] unless a test sets it).
+    pub rescan: Duration,
+    pub kernel_events: bool,
+    /// The running plugin's work counters.
+    pub counters: Arc<Counters>,
 }
 
 impl Harness {
@@ -100,9 +106,9 @@ impl Harness {
             cdi_dir: self.cdi_dir(),
             cdi: self.cdi,
             config_path: self.config_path(),
-            rescan_interval: RESCAN,
-            kernel_events: true,
-            counters: Default::default(),
+            rescan_interval: self.rescan,
+            kernel_events: self.kernel_events,
+            counters: self.counters.clone(),
             pod_resources_socket: self.pod_resources_socket(),
             allocation_grace: GRACE,
         }
@@ -124,6 +130,9 @@ impl Harness {
             stop: None,
             generation: AtomicU32::new(0),
             cdi,
+            rescan: RESCAN,
+            kernel_events: true,
+            counters: Arc::default(),
         };
         std::fs::create_dir_all(h.kubelet_dir()).unwrap();
         h.write_config(config);
