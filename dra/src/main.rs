@@ -1,1 +1,85 @@
-fn main() {}
+//! kroce-dra-plugin: the DRA kubelet plugin of driver `rdma.kroce.io`.
+
+use anyhow::Context;
+use clap::Parser;
+use kroce_dra::claims::KubeClaims;
+use kroce_dra::plugin::{self, Options, Plugin};
+use kroce_dra::prepare::Paths;
+use kroce_dra::publish::KubePublisher;
+use sriov_helpers::HostRoot;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kroce-dra-plugin",
+    version,
+    about = "DRA kubelet plugin for RDMA (RoCE) VFs, RDMA PFs and soft RDMA devices (driver rdma.kroce.io)"
+)]
+struct Cli {
+    /// This node's name: the pool name and the ResourceSlices' nodeName.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The kubelet's root dir (plugins_registry/ and plugins/ live there).
+    #[arg(long, default_value = kroce_dra::driver::DEFAULT_KUBELET_DIR)]
+    kubelet_dir: PathBuf,
+    /// Root of the host's sys/, proc/ and dev/ (a container mounts the host's here).
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// Where the checkpoint of prepared claims is kept.
+    #[arg(long, default_value = plugin::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    #[arg(long, default_value = plugin::DEFAULT_CDI_DIR)]
+    cdi_dir: PathBuf,
+    #[arg(long, default_value = plugin::DEFAULT_DEVINFO_DIR)]
+    devinfo_dir: PathBuf,
+    /// Where memlock requests are recorded for kroce-nri; "" turns it off.
+    #[arg(long, default_value = plugin::DEFAULT_MEMLOCK_DIR)]
+    memlock_dir: PathBuf,
+    /// Host rescan interval in milliseconds.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    rescan_ms: u64,
+    #[arg(long, env = "KROCE_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log_level))
+        .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+    let opts = Options {
+        node: cli.node_name,
+        kubelet_dir: cli.kubelet_dir,
+        host_root: HostRoot::new(&cli.host_root),
+        paths: Paths {
+            cdi_dir: cli.cdi_dir,
+            devinfo_dir: cli.devinfo_dir,
+            memlock_dir: (!cli.memlock_dir.as_os_str().is_empty()).then_some(cli.memlock_dir),
+        },
+        state_dir: cli.state_dir,
+        rescan: Duration::from_millis(cli.rescan_ms),
+    };
+    let plugin = Plugin::start(
+        opts,
+        Arc::new(KubeClaims::new(client.clone())),
+        Arc::new(KubePublisher::new(client)),
+    )
+    .await
+    .context("cannot start the DRA plugin")?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot handle SIGTERM")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("stopping: sockets removed, prepared claims stay checkpointed");
+    plugin.stop().await;
+    Ok(())
+}

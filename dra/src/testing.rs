@@ -1,0 +1,503 @@
+//! Stand-ins for tests and benches (feature `testing`): the kubelet's DRA
+//! side ([`KubeletDraStandIn`]), an in-memory claim store
+//! ([`InMemoryClaims`], claims written as the scheduler writes their
+//! allocation, see [`allocated_claim`]) and a [`RecordingPublisher`].
+//!
+//! [`KubeletDraStandIn`] behaves like the kubelet's plugin watcher and DRA
+//! manager: it looks for sockets in `<kubelet>/plugins_registry`, calls
+//! GetInfo on each new one, checks the type (`DRAPlugin`) and versions
+//! (`v1.DRAPlugin`), dials the endpoint and answers
+//! NotifyRegistrationStatus; a socket that goes away is deregistered.
+//! Prepare and unprepare go over the endpoint's unix socket.
+
+use crate::api::{self, dra, registration};
+use crate::claims::{ClaimError, ClaimRef, ClaimSource};
+use crate::config::ConfigSource;
+use crate::driver::PLUGINS_REGISTRY;
+use crate::publish::{Existing, PublishError, SlicePublisher, existing_of};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClaim,
+    DeviceRequest, DeviceRequestAllocationResult, ExactDeviceRequest, OpaqueDeviceConfiguration,
+    ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kroce_device_plugin::uds::{self, FileId};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Claims as the API server would return them.
+#[derive(Debug, Default)]
+pub struct InMemoryClaims {
+    claims: Mutex<BTreeMap<(String, String), ResourceClaim>>,
+    gets: Mutex<u64>,
+}
+
+impl InMemoryClaims {
+    pub fn insert(&self, rc: ResourceClaim) {
+        let key = (
+            rc.metadata.namespace.clone().unwrap_or_default(),
+            rc.metadata.name.clone().unwrap_or_default(),
+        );
+        lock(&self.claims).insert(key, rc);
+    }
+
+    pub fn remove(&self, namespace: &str, name: &str) {
+        lock(&self.claims).remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// GETs served so far.
+    pub fn gets(&self) -> u64 {
+        *lock(&self.gets)
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for InMemoryClaims {
+    async fn get(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
+        *lock(&self.gets) += 1;
+        lock(&self.claims)
+            .get(&(claim.namespace.clone(), claim.name.clone()))
+            .cloned()
+            .ok_or_else(|| ClaimError::NotFound {
+                claim: claim.to_string(),
+            })
+    }
+}
+
+/// One opaque config entry for [`allocated_claim`].
+#[derive(Debug, Clone)]
+pub struct ConfigEntry {
+    pub source: ConfigSource,
+    pub requests: Vec<String>,
+    pub driver: String,
+    pub parameters: serde_json::Value,
+}
+
+/// A ResourceClaim after scheduling: `spec.devices.requests` naming class
+/// `class`, and `status.allocation.devices` with one result per
+/// `(request, device)` in pool `node` of `driver`, and the configs copied
+/// from class and claim.
+pub fn allocated_claim(
+    claim: &ClaimRef,
+    driver: &str,
+    node: &str,
+    devices: &[(&str, &str)],
+    configs: &[ConfigEntry],
+) -> ResourceClaim {
+    let mut requests: Vec<String> = devices.iter().map(|(r, _)| r.to_string()).collect();
+    requests.dedup();
+    ResourceClaim {
+        metadata: ObjectMeta {
+            namespace: Some(claim.namespace.clone()),
+            name: Some(claim.name.clone()),
+            uid: Some(claim.uid.clone()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(
+                    requests
+                        .iter()
+                        .map(|r| DeviceRequest {
+                            name: r.clone(),
+                            exactly: Some(ExactDeviceRequest {
+                                device_class_name: "rdma-vf.kroce.io".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+        }),
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(
+                        devices
+                            .iter()
+                            .map(|(r, d)| DeviceRequestAllocationResult {
+                                request: r.to_string(),
+                                driver: driver.to_string(),
+                                pool: node.to_string(),
+                                device: d.to_string(),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                    config: Some(
+                        configs
+                            .iter()
+                            .map(|c| DeviceAllocationConfiguration {
+                                source: match c.source {
+                                    ConfigSource::FromClass => "FromClass",
+                                    ConfigSource::FromClaim => "FromClaim",
+                                }
+                                .into(),
+                                requests: (!c.requests.is_empty()).then(|| c.requests.clone()),
+                                opaque: Some(OpaqueDeviceConfiguration {
+                                    driver: c.driver.clone(),
+                                    parameters: RawExtension(c.parameters.clone()),
+                                }),
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Stores slices in memory, like the API server would.
+#[derive(Debug, Default)]
+pub struct RecordingPublisher {
+    stored: Mutex<BTreeMap<String, Vec<ResourceSlice>>>,
+    writes: Mutex<u64>,
+    fail: Mutex<bool>,
+}
+
+impl RecordingPublisher {
+    /// The node's slices as stored.
+    pub fn slices(&self, node: &str) -> Vec<ResourceSlice> {
+        lock(&self.stored).get(node).cloned().unwrap_or_default()
+    }
+
+    /// Successful publications so far.
+    pub fn writes(&self) -> u64 {
+        *lock(&self.writes)
+    }
+
+    /// Makes publications fail (API server down) or work again.
+    pub fn set_failing(&self, fail: bool) {
+        *lock(&self.fail) = fail;
+    }
+}
+
+#[tonic::async_trait]
+impl SlicePublisher for RecordingPublisher {
+    async fn existing(&self, node: &str) -> Result<Existing, PublishError> {
+        Ok(existing_of(&self.slices(node)))
+    }
+
+    async fn publish(&self, node: &str, slices: Vec<ResourceSlice>) -> Result<(), PublishError> {
+        if *lock(&self.fail) {
+            return Err(PublishError::Api {
+                action: "apply",
+                name: node.to_string(),
+                message: "stand-in API server is failing".into(),
+            });
+        }
+        lock(&self.stored).insert(node.to_string(), slices);
+        *lock(&self.writes) += 1;
+        Ok(())
+    }
+}
+
+/// A plugin the stand-in registered.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub socket: PathBuf,
+    pub info: registration::PluginInfo,
+    id: FileId,
+    channel: Channel,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By driver name.
+    plugins: BTreeMap<String, Registered>,
+    /// GetInfo answers received, in order.
+    infos: Vec<registration::PluginInfo>,
+    /// Sockets refused, with the reason sent back.
+    refused: Vec<(PathBuf, String)>,
+}
+
+/// The kubelet's DRA side. Drop or [`KubeletDraStandIn::stop`] ends it.
+#[derive(Debug)]
+pub struct KubeletDraStandIn {
+    registry: PathBuf,
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl KubeletDraStandIn {
+    /// Watches `<kubelet_dir>/plugins_registry` (created if missing).
+    pub fn start(kubelet_dir: &Path) -> std::io::Result<KubeletDraStandIn> {
+        let registry = kubelet_dir.join(PLUGINS_REGISTRY);
+        std::fs::create_dir_all(&registry)?;
+        let (changed, _) = watch::channel(0);
+        let mut k = KubeletDraStandIn {
+            registry,
+            state: Arc::default(),
+            changed,
+            task: None,
+        };
+        k.spawn();
+        Ok(k)
+    }
+
+    fn spawn(&mut self) {
+        let registry = self.registry.clone();
+        let state = self.state.clone();
+        let changed = self.changed.clone();
+        self.task = Some(tokio::spawn(async move {
+            loop {
+                scan_registry(&registry, &state, &changed).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+
+    /// A kubelet restart: every registration is forgotten; the new kubelet
+    /// finds the sockets still in the registry dir and registers them again.
+    pub fn restart(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        lock(&self.state).plugins.clear();
+        self.changed.send_modify(|n| *n += 1);
+        self.spawn();
+    }
+
+    pub fn stop(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+
+    pub fn registered(&self, driver: &str) -> Option<Registered> {
+        lock(&self.state).plugins.get(driver).cloned()
+    }
+
+    /// Every GetInfo answer so far.
+    pub fn infos(&self) -> Vec<registration::PluginInfo> {
+        lock(&self.state).infos.clone()
+    }
+
+    pub fn refused(&self) -> Vec<(PathBuf, String)> {
+        lock(&self.state).refused.clone()
+    }
+
+    /// Waits for `check` to hold, re-checking on every change and every 20 ms.
+    pub async fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&KubeletDraStandIn) -> Option<T>,
+    ) -> Result<T, String> {
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(v) = check(self) {
+                return Ok(v);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let st = lock(&self.state);
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for {what}; registered: {:?}; refused: {:?}",
+                    st.plugins.keys().collect::<Vec<_>>(),
+                    st.refused
+                ));
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(20), rx.changed()).await;
+        }
+    }
+
+    /// Waits for the `n`-th GetInfo (1-based) and a registration of `driver`.
+    pub async fn wait_registered(&self, driver: &str, n: usize) -> Result<Registered, String> {
+        self.wait_for(
+            Duration::from_secs(10),
+            &format!("registration #{n} of {driver}"),
+            |k| {
+                (k.infos().iter().filter(|i| i.name == driver).count() >= n)
+                    .then(|| k.registered(driver))
+                    .flatten()
+            },
+        )
+        .await
+    }
+
+    fn client(
+        &self,
+        driver: &str,
+    ) -> Result<dra::dra_plugin_client::DraPluginClient<Channel>, String> {
+        self.registered(driver)
+            .map(|r| dra::dra_plugin_client::DraPluginClient::new(r.channel))
+            .ok_or_else(|| format!("driver {driver} is not registered"))
+    }
+
+    /// NodePrepareResources, as the kubelet calls it before a pod's sandbox.
+    pub async fn prepare(
+        &self,
+        driver: &str,
+        claims: &[ClaimRef],
+    ) -> Result<dra::NodePrepareResourcesResponse, String> {
+        let req = dra::NodePrepareResourcesRequest {
+            claims: claims.iter().map(to_claim).collect(),
+        };
+        self.client(driver)?
+            .node_prepare_resources(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| s.to_string())
+    }
+
+    /// NodeUnprepareResources, as the kubelet calls it after a pod is gone.
+    pub async fn unprepare(
+        &self,
+        driver: &str,
+        claims: &[ClaimRef],
+    ) -> Result<dra::NodeUnprepareResourcesResponse, String> {
+        let req = dra::NodeUnprepareResourcesRequest {
+            claims: claims.iter().map(to_claim).collect(),
+        };
+        self.client(driver)?
+            .node_unprepare_resources(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| s.to_string())
+    }
+}
+
+impl Drop for KubeletDraStandIn {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+fn to_claim(c: &ClaimRef) -> dra::Claim {
+    dra::Claim {
+        namespace: c.namespace.clone(),
+        uid: c.uid.clone(),
+        name: c.name.clone(),
+    }
+}
+
+/// One pass of the plugin watcher: deregister sockets that went away or
+/// were replaced, register new ones.
+async fn scan_registry(registry: &Path, state: &Arc<Mutex<State>>, changed: &watch::Sender<u64>) {
+    let gone: Vec<String> = lock(state)
+        .plugins
+        .iter()
+        .filter(|(_, r)| uds::file_id(&r.socket) != Some(r.id))
+        .map(|(k, _)| k.clone())
+        .collect();
+    if !gone.is_empty() {
+        let mut st = lock(state);
+        for k in gone {
+            st.plugins.remove(&k);
+        }
+        changed.send_modify(|n| *n += 1);
+    }
+    let Ok(rd) = std::fs::read_dir(registry) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let path = e.path();
+        let is_socket = e
+            .file_type()
+            .map(|t| std::os::unix::fs::FileTypeExt::is_socket(&t))
+            .unwrap_or(false);
+        // The kubelet skips dot files (our temporary bind names are dot files).
+        if !is_socket || e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Some(id) = uds::file_id(&path) else {
+            continue;
+        };
+        let known = lock(state)
+            .plugins
+            .values()
+            .any(|r| r.socket == path && r.id == id)
+            || lock(state).refused.iter().any(|(p, _)| *p == path);
+        if known {
+            continue;
+        }
+        if let Some(r) = register(&path, id, state).await {
+            lock(state).plugins.insert(r.info.name.clone(), r);
+        }
+        changed.send_modify(|n| *n += 1);
+    }
+}
+
+async fn register(path: &Path, id: FileId, state: &Arc<Mutex<State>>) -> Option<Registered> {
+    let channel = uds::connect(path).await.ok()?;
+    let mut reg = registration::registration_client::RegistrationClient::new(channel);
+    let info = reg
+        .get_info(registration::InfoRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    lock(state).infos.push(info.clone());
+    let refuse = |why: String| registration::RegistrationStatus {
+        plugin_registered: false,
+        error: why,
+    };
+    let problem = if info.r#type != api::PLUGIN_TYPE {
+        Some(format!("unsupported plugin type {:?}", info.r#type))
+    } else if !info
+        .supported_versions
+        .iter()
+        .any(|v| v == api::DRA_V1_SERVICE)
+    {
+        Some(format!(
+            "none of the versions {:?} is supported",
+            info.supported_versions
+        ))
+    } else if info.name.is_empty() {
+        Some("empty driver name".into())
+    } else {
+        None
+    };
+    if let Some(why) = problem {
+        let _ = reg.notify_registration_status(refuse(why.clone())).await;
+        lock(state).refused.push((path.to_path_buf(), why));
+        return None;
+    }
+    // Like the kubelet: the endpoint is dialed before saying "registered".
+    let endpoint = if info.endpoint.is_empty() {
+        path.to_path_buf()
+    } else {
+        PathBuf::from(&info.endpoint)
+    };
+    let service = match uds::connect(&endpoint).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = reg.notify_registration_status(refuse(e.to_string())).await;
+            return None;
+        }
+    };
+    reg.notify_registration_status(registration::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .ok()?;
+    Some(Registered {
+        socket: path.to_path_buf(),
+        info,
+        id,
+        channel: service,
+    })
+}
+
+/// A temp dir on tmpfs when there is one (fixture hosts are many small files).
+pub fn scratch_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    kroce_device_plugin::testing::scratch_dir(prefix)
+}

@@ -1,0 +1,533 @@
+//! The plugin against the kubelet DRA stand-in: registration through
+//! `plugins_registry`, prepare/unprepare over the unix socket, restarts of
+//! both sides, faults in the middle of prepare, bad claim configuration.
+
+use kroce_dra::claims::ClaimRef;
+use kroce_dra::config::{CONFIG_API_VERSION, CONFIG_KIND, ConfigSource};
+use kroce_dra::driver::{self, DRIVER_NAME};
+use kroce_dra::plugin::{Options, Plugin};
+use kroce_dra::prepare::{CdiSpec, Paths};
+use kroce_dra::testing::{
+    ConfigEntry, InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim,
+    scratch_dir,
+};
+use serde_json::json;
+use sriov_helpers::fixture::FixtureHost;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NODE: &str = "node-a";
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    _fx: FixtureHost,
+    opts: Options,
+    claims: Arc<InMemoryClaims>,
+    publisher: Arc<RecordingPublisher>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = scratch_dir("kroce-dra-").unwrap();
+        let root = dir.path().to_path_buf();
+        let mut fx = FixtureHost::at(&root.join("host")).unwrap();
+        fx.populate_connectx6dx_pair().unwrap();
+        let opts = Options {
+            node: NODE.into(),
+            kubelet_dir: root.join("kubelet"),
+            host_root: fx.root(),
+            paths: Paths {
+                cdi_dir: root.join("cdi"),
+                devinfo_dir: root.join("devinfo"),
+                memlock_dir: Some(root.join("memlock")),
+            },
+            state_dir: root.join("state"),
+            rescan: Duration::from_millis(100),
+        };
+        Rig {
+            _dir: dir,
+            root,
+            _fx: fx,
+            opts,
+            claims: Arc::default(),
+            publisher: Arc::default(),
+        }
+    }
+
+    async fn plugin(&self) -> Plugin {
+        Plugin::start(
+            self.opts.clone(),
+            self.claims.clone(),
+            self.publisher.clone(),
+        )
+        .await
+        .unwrap()
+    }
+
+    fn claim(
+        &self,
+        name: &str,
+        uid: &str,
+        devices: &[(&str, &str)],
+        configs: &[ConfigEntry],
+    ) -> ClaimRef {
+        let c = ClaimRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        self.claims
+            .insert(allocated_claim(&c, DRIVER_NAME, NODE, devices, configs));
+        c
+    }
+
+    /// Every file under the output dirs (CDI, devinfo, memlock).
+    fn outputs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for d in ["cdi", "devinfo", "memlock"] {
+            if let Ok(rd) = std::fs::read_dir(self.root.join(d)) {
+                out.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+fn cfg(source: ConfigSource, extra: serde_json::Value) -> ConfigEntry {
+    let mut p = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
+    for (k, v) in extra.as_object().unwrap() {
+        p[k] = v.clone();
+    }
+    ConfigEntry {
+        source,
+        requests: vec![],
+        driver: DRIVER_NAME.into(),
+        parameters: p,
+    }
+}
+
+async fn registered(kubelet: &KubeletDraStandIn, n: usize) {
+    kubelet.wait_registered(DRIVER_NAME, n).await.unwrap();
+}
+
+#[tokio::test]
+async fn registers_through_plugins_registry_like_the_kubelet() {
+    let rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    let r = kubelet.wait_registered(DRIVER_NAME, 1).await.unwrap();
+    assert_eq!(r.socket, driver::registration_socket(&rig.opts.kubelet_dir));
+    assert_eq!(r.info.r#type, "DRAPlugin");
+    assert_eq!(r.info.supported_versions, ["v1.DRAPlugin"]);
+    assert_eq!(
+        Path::new(&r.info.endpoint),
+        rig.opts.kubelet_dir.join("plugins/rdma.kroce.io/dra.sock")
+    );
+    let mut st = plugin.registration.clone();
+    let s = st.wait_for(|s| s.registered).await.unwrap().clone();
+    assert_eq!(
+        (s.registered, s.error.as_str(), s.notifications),
+        (true, "", 1)
+    );
+    assert!(kubelet.refused().is_empty());
+    // Slices went out for the host: 16 VFs in one slice of pool node-a.
+    let p = rig.publisher.clone();
+    kubelet
+        .wait_for(Duration::from_secs(5), "slices", |_| {
+            (p.writes() >= 1).then_some(())
+        })
+        .await
+        .unwrap();
+    let slices = rig.publisher.slices(NODE);
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 16);
+    plugin.stop().await;
+    // Stopping removes both sockets: the kubelet deregisters the driver.
+    assert!(!driver::registration_socket(&rig.opts.kubelet_dir).exists());
+    assert!(!driver::service_socket(&rig.opts.kubelet_dir).exists());
+}
+
+#[tokio::test]
+async fn prepare_and_unprepare_are_idempotent() {
+    let rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    let uid = "6c1d3e0a-0000-4000-8000-000000000001";
+    let claim = rig.claim(
+        "rdma",
+        uid,
+        &[("vf", "vf-0000-3b-00-2")],
+        &[cfg(
+            ConfigSource::FromClass,
+            json!({"memlock": "1Gi", "mtu": 9000}),
+        )],
+    );
+    let resp = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let one = &resp.claims[uid];
+    assert_eq!(one.error, "");
+    assert_eq!(one.devices.len(), 1);
+    let d = &one.devices[0];
+    assert_eq!(
+        (d.pool_name.as_str(), d.device_name.as_str()),
+        (NODE, "vf-0000-3b-00-2")
+    );
+    assert_eq!(d.request_names, ["vf"]);
+    assert_eq!(
+        d.cdi_device_ids,
+        [format!("rdma.kroce.io/claim={uid}-vf-0000-3b-00-2")]
+    );
+
+    // The CDI spec: the VF's uverbs and rdma_cm, the env, the right kind.
+    let cdi = rig
+        .opts
+        .paths
+        .cdi_dir
+        .join(format!("rdma.kroce.io-claim_{uid}.json"));
+    let spec: CdiSpec = serde_json::from_slice(&std::fs::read(&cdi).unwrap()).unwrap();
+    assert_eq!(spec.kind, "rdma.kroce.io/claim");
+    assert_eq!(spec.devices.len(), 1);
+    assert_eq!(spec.devices[0].name, format!("{uid}-vf-0000-3b-00-2"));
+    let nodes: Vec<&str> = spec.devices[0]
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n.starts_with("/dev/infiniband/uverbs")),
+        "{nodes:?}"
+    );
+    assert!(nodes.contains(&"/dev/infiniband/rdma_cm"), "{nodes:?}");
+    let env = &spec.devices[0].container_edits.env;
+    assert!(
+        env.contains(&"KROCE_DRA_VF_0000_3B_00_2_PCI_ADDRESS=0000:3b:00.2".to_string()),
+        "{env:?}"
+    );
+    assert!(
+        env.iter()
+            .any(|e| e
+                .starts_with("KROCE_DRA_CLAIM_6C1D3E0A_0000_4000_8000_000000000001=default/rdma")),
+        "{env:?}"
+    );
+    // Device-info and the memlock request for kroce-nri.
+    let di = rig
+        .opts
+        .paths
+        .devinfo_dir
+        .join(format!("rdma.kroce.io-{uid}-vf-0000-3b-00-2-device.json"));
+    let di: serde_json::Value = serde_json::from_slice(&std::fs::read(di).unwrap()).unwrap();
+    assert_eq!(di["pci"]["pci-address"], "0000:3b:00.2");
+    assert_eq!(di["pci"]["pf-pci-address"], "0000:3b:00.0");
+    let ml: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            rig.opts
+                .paths
+                .memlock_dir
+                .as_ref()
+                .unwrap()
+                .join(format!("{uid}.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ml["containerID"], uid);
+    assert_eq!(ml["memlock"], 1u64 << 30);
+    assert_eq!(ml["attachments"]["vf-0000-3b-00-2"]["network"], "vf");
+    let files = rig.outputs();
+    assert_eq!(files.len(), 3, "{files:?}");
+
+    // Again: same answer, no second GET, nothing new on disk.
+    let gets = rig.claims.gets();
+    let again = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(again.claims[uid], *one);
+    assert_eq!(rig.claims.gets(), gets);
+    assert_eq!(rig.outputs(), files);
+
+    let un = kubelet
+        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(un.claims[uid].error, "");
+    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    let un = kubelet
+        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(
+        un.claims[uid].error, "",
+        "unprepare of a gone claim is fine"
+    );
+    plugin.stop().await;
+}
+
+#[tokio::test]
+async fn restart_keeps_prepared_claims_from_the_checkpoint() {
+    let rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    let uid = "6c1d3e0a-0000-4000-8000-000000000002";
+    let claim = rig.claim(
+        "two",
+        uid,
+        &[("a", "vf-0000-3b-00-3"), ("b", "vf-0000-86-00-2")],
+        &[],
+    );
+    let first = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(first.claims[uid].error, "");
+    assert_eq!(first.claims[uid].devices.len(), 2);
+    plugin.stop().await;
+    // The claim is gone from the API server: only the checkpoint knows it.
+    rig.claims.remove("default", "two");
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 2).await;
+    assert_eq!(plugin.state.prepared_claims().await, [uid]);
+    let again = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(again.claims[uid], first.claims[uid]);
+    // Another claim for a device the checkpoint holds is refused.
+    let other = rig.claim(
+        "other",
+        "6c1d3e0a-0000-4000-8000-000000000003",
+        &[("a", "vf-0000-3b-00-3")],
+        &[],
+    );
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    assert!(
+        r.claims[&other.uid].error.contains(&format!(
+            "device vf-0000-3b-00-3 is already prepared for claim {uid}"
+        )),
+        "{r:?}"
+    );
+    let un = kubelet
+        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(un.claims[uid].error, "");
+    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    assert!(plugin.state.prepared_claims().await.is_empty());
+    plugin.stop().await;
+}
+
+#[tokio::test]
+async fn re_registers_after_kubelet_restart_and_wiped_registry() {
+    let rig = Rig::new();
+    let mut kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    // A kubelet restart re-reads the registry dir: GetInfo again.
+    kubelet.restart();
+    registered(&kubelet, 2).await;
+    let mut st = plugin.registration.clone();
+    st.wait_for(|s| s.notifications >= 2).await.unwrap();
+    // The registry dir wiped (socket gone): the plugin puts it back.
+    let reg = driver::registration_socket(&rig.opts.kubelet_dir);
+    std::fs::remove_file(&reg).unwrap();
+    let mut binds = plugin.registration_binds.clone();
+    tokio::time::timeout(Duration::from_secs(5), binds.wait_for(|n| *n >= 2))
+        .await
+        .unwrap()
+        .unwrap();
+    registered(&kubelet, 3).await;
+    assert!(reg.exists());
+    // Prepare works over the re-registered endpoint.
+    let claim = rig.claim(
+        "x",
+        "6c1d3e0a-0000-4000-8000-000000000004",
+        &[("vf", "vf-0000-3b-00-4")],
+        &[],
+    );
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(r.claims[&claim.uid].error, "");
+    plugin.stop().await;
+}
+
+#[tokio::test]
+async fn a_fault_in_the_middle_of_prepare_leaves_nothing_behind() {
+    let rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    let uid = "6c1d3e0a-0000-4000-8000-000000000005";
+    let claim = rig.claim(
+        "f",
+        uid,
+        &[("vf", "vf-0000-3b-00-5")],
+        &[cfg(
+            ConfigSource::FromClaim,
+            json!({"memlock": "unlimited"}),
+        )],
+    );
+    // 1. The devinfo dir cannot be created (a file is in the way): the CDI
+    //    spec, written first, must go again.
+    std::fs::write(&rig.opts.paths.devinfo_dir, b"").unwrap();
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let e = &r.claims[uid].error;
+    assert!(
+        e.contains(&rig.opts.paths.devinfo_dir.display().to_string()),
+        "{e}"
+    );
+    assert!(e.contains("nothing was left behind"), "{e}");
+    assert_eq!(rig.outputs(), Vec::<PathBuf>::new());
+    std::fs::remove_file(&rig.opts.paths.devinfo_dir).unwrap();
+    // 2. The memlock dir (written last) fails: CDI and devinfo go again.
+    let ml = rig.opts.paths.memlock_dir.clone().unwrap();
+    std::fs::write(&ml, b"").unwrap();
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(
+        r.claims[uid].error.contains(&ml.display().to_string()),
+        "{r:?}"
+    );
+    std::fs::remove_file(&ml).unwrap();
+    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    // 3. The checkpoint cannot be saved: every file goes again.
+    let cp = rig.opts.state_dir.join("checkpoint.json");
+    std::fs::create_dir_all(cp.join("in-the-way")).unwrap();
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(
+        r.claims[uid].error.contains("prepared files removed again"),
+        "{r:?}"
+    );
+    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    assert!(plugin.state.prepared_claims().await.is_empty());
+    std::fs::remove_dir_all(&cp).unwrap();
+    // Fault gone: the kubelet's retry works.
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(r.claims[uid].error, "");
+    assert_eq!(rig.outputs().len(), 3);
+    plugin.stop().await;
+}
+
+#[tokio::test]
+async fn bad_claim_config_fails_prepare_and_changes_nothing() {
+    let rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    let uid = "6c1d3e0a-0000-4000-8000-000000000006";
+    let claim = rig.claim(
+        "bad",
+        uid,
+        &[("vf", "vf-0000-3b-00-6")],
+        &[
+            cfg(ConfigSource::FromClass, json!({"mtu": 9000})),
+            cfg(ConfigSource::FromClaim, json!({"vlan": 5000})),
+        ],
+    );
+    let good = rig.claim(
+        "good",
+        "6c1d3e0a-0000-4000-8000-000000000007",
+        &[("vf", "vf-0000-3b-00-7")],
+        &[],
+    );
+    let r = kubelet
+        .prepare(DRIVER_NAME, &[claim.clone(), good.clone()])
+        .await
+        .unwrap();
+    let e = &r.claims[uid].error;
+    assert!(
+        e.contains("status.allocation.devices.config[1] (from the claim): opaque parameters field vlan: 5000 is invalid: expected a whole number from 0 to 4094"),
+        "{e}"
+    );
+    assert!(r.claims[uid].devices.is_empty());
+    // The other claim of the same call is prepared.
+    assert_eq!(r.claims[&good.uid].error, "");
+    assert!(
+        rig.outputs()
+            .iter()
+            .all(|p| !p.display().to_string().contains(uid)),
+        "{:?}",
+        rig.outputs()
+    );
+    assert_eq!(plugin.state.prepared_claims().await, [good.uid.clone()]);
+    // Devices of another node's pool, unknown devices and bad UIDs too.
+    let wrong = ClaimRef {
+        namespace: "default".into(),
+        name: "w".into(),
+        uid: "6c1d3e0a-0000-4000-8000-000000000008".into(),
+    };
+    rig.claims.insert(allocated_claim(
+        &wrong,
+        DRIVER_NAME,
+        "node-b",
+        &[("vf", "vf-0000-3b-00-2")],
+        &[],
+    ));
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&wrong))
+        .await
+        .unwrap();
+    assert!(
+        r.claims[&wrong.uid]
+            .error
+            .contains("is in pool node-b, not this node's pool node-a"),
+        "{r:?}"
+    );
+    let unknown = rig.claim(
+        "u",
+        "6c1d3e0a-0000-4000-8000-000000000009",
+        &[("vf", "vf-0000-99-00-2")],
+        &[],
+    );
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&unknown))
+        .await
+        .unwrap();
+    assert!(
+        r.claims[&unknown.uid]
+            .error
+            .contains("device vf-0000-99-00-2 of request vf is not published by this node"),
+        "{r:?}"
+    );
+    let evil = ClaimRef {
+        namespace: "default".into(),
+        name: "e".into(),
+        uid: "../../etc".into(),
+    };
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&evil))
+        .await
+        .unwrap();
+    assert!(
+        r.claims["../../etc"]
+            .error
+            .contains("claim uid \"../../etc\" is not usable"),
+        "{r:?}"
+    );
+    plugin.stop().await;
+}
