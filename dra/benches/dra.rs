@@ -1,6 +1,7 @@
 //! ResourceSlice publication for 8 PFs x 64 VFs (scan → devices → slices),
 //! and the latency of NodePrepareResources + NodeUnprepareResources for one
 //! VF claim over the unix socket, through the kubelet stand-in.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kroce_device_plugin::inventory::Memory;

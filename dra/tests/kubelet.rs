@@ -1,6 +1,8 @@
 //! The plugin against the kubelet DRA stand-in: registration through
 //! `plugins_registry`, prepare/unprepare over the unix socket, restarts of
 //! both sides, faults in the middle of prepare, bad claim configuration.
+//! No root needed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kroce_dra::claims::ClaimRef;
 use kroce_dra::config::{CONFIG_API_VERSION, CONFIG_KIND, ConfigSource};
@@ -474,7 +476,10 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
         "{:?}",
         rig.outputs()
     );
-    assert_eq!(plugin.state.prepared_claims().await, [good.uid.clone()]);
+    assert_eq!(
+        plugin.state.prepared_claims().await,
+        std::slice::from_ref(&good.uid)
+    );
     // Devices of another node's pool, unknown devices and bad UIDs too.
     let wrong = ClaimRef {
         namespace: "default".into(),
