@@ -224,6 +224,8 @@ pub enum CommandError {
         "RDMA device {device} has no RoCE v2 GID for an IPv4 address of {netdev}: is the address configured and RoCE v2 enabled?"
     )]
     NoRoceV2Gid { device: String, netdev: String },
+    #[error("RDMA device {device}: cannot read its GID table: {error}")]
+    GidTable { device: String, error: String },
 }
 
 fn netdev_of_device<'a>(host: &'a Host, dev: &'a sriov_helpers::RdmaDevice) -> Option<&'a str> {
@@ -263,17 +265,28 @@ fn endpoint_for(
     let netdev = netdev_of_device(host, dev).ok_or_else(|| CommandError::NoNetdev {
         device: dev.name.clone(),
     })?;
-    let (gid_index, ipv4) =
-        roce_v2_gid_index(dev, netdev).ok_or_else(|| CommandError::NoRoceV2Gid {
+    let gid_table = |e: sriov_helpers::HostError| CommandError::GidTable {
+        device: dev.name.clone(),
+        error: e.to_string(),
+    };
+    let (gid_index, ipv4) = roce_v2_gid_index(dev, netdev)
+        .map_err(gid_table)?
+        .ok_or_else(|| CommandError::NoRoceV2Gid {
             device: dev.name.clone(),
             netdev: netdev.to_string(),
         })?;
     // The port that holds the GID (ConnectX VFs have one).
-    let ib_port = dev
-        .ports
-        .iter()
-        .find(|p| p.gids.iter().any(|g| g.index == gid_index))
-        .map_or(1, |p| p.num);
+    let mut ib_port = 1;
+    for p in &dev.ports {
+        if p.gids()
+            .map_err(gid_table)?
+            .iter()
+            .any(|g| g.index == gid_index)
+        {
+            ib_port = p.num;
+            break;
+        }
+    }
     Ok(Endpoint {
         rdma_device: dev.name.clone(),
         ib_port,

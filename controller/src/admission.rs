@@ -35,7 +35,7 @@ use kroce_operator::names::{MANAGED_BY_LABEL, MANAGER};
 use kroce_operator::plan::merge::{Desired, NodePlan};
 use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
 use kroce_operator::plan::{ClusterPlan, DevicePluginConfig};
-use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -548,13 +548,10 @@ struct World {
 }
 
 async fn list_world(ctx: &Context, pod_selector: &str) -> Result<World, Error> {
-    let lp = ListParams::default();
-    let nodes = Api::<Node>::all(ctx.client.clone()).list(&lp).await?.items;
-    let states = super::list_node_states(ctx).await?;
-    let gates = Api::<RdmaNetwork>::all(ctx.client.clone())
-        .list(&lp)
-        .await?
-        .items
+    let st = &ctx.stores;
+    let gates = st
+        .networks
+        .state()
         .iter()
         .map(|n| {
             (
@@ -563,25 +560,11 @@ async fn list_world(ctx: &Context, pod_selector: &str) -> Result<World, Error> {
             )
         })
         .collect();
-    // A label value is at most 63 characters: a network with a longer name
-    // (admitted before the CRD refused those) can have no test pods, and
-    // the API server refuses the selector.
-    let selectable = pod_selector
-        .split(',')
-        .all(|t| t.split_once('=').is_none_or(|(_, v)| v.len() <= 63));
-    let pods = if selectable {
-        Api::<Pod>::namespaced(ctx.client.clone(), &ctx.admission.test_namespace)
-            .list(&ListParams::default().labels(pod_selector))
-            .await?
-            .items
-    } else {
-        Vec::new()
-    };
     Ok(World {
-        nodes,
-        states,
+        nodes: st.nodes(),
+        states: st.states_by_name(),
         gates,
-        pods,
+        pods: st.test_pods(pod_selector),
     })
 }
 

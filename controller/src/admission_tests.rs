@@ -6,6 +6,7 @@
 use super::admission::test_nad_name;
 use super::{Context, reconcile};
 use crate::metrics::Metrics;
+use crate::test_world::{fresh, node_pass};
 use kroce_admission::pod_run::{ENDPOINT_SECTION, section_marker};
 use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
 use kroce_operator::names::{
@@ -80,6 +81,7 @@ fn cluster(admission: Value) -> Cluster {
         "kroce-system",
         "kroce-device-plugin",
         Arc::new(Metrics::default()),
+        crate::test_world::snapshot(&ApiServer::default()),
     );
     let clock = Arc::new(AtomicU64::new(T0));
     let c = clock.clone();
@@ -134,7 +136,22 @@ impl Cluster {
     async fn reconcile(&self) {
         let v = self.server.get(KROCE, "rdmanetworks", "", "fast").unwrap();
         let net: RdmaNetwork = serde_json::from_value(v).unwrap();
-        reconcile(Arc::new(net), self.ctx.clone()).await.unwrap();
+        let deleting = net.metadata.deletion_timestamp.is_some();
+        match reconcile(Arc::new(net), fresh(&self.ctx, &self.server)).await {
+            // A deleting network waits for the node loop (below).
+            Err(crate::Error::Finalizer(_)) if deleting => {}
+            r => {
+                r.unwrap();
+            }
+        }
+        // The node loop follows (specs and device plugin keys).
+        node_pass(&self.ctx, &self.server).await;
+        if deleting && let Some(v) = self.server.get(KROCE, "rdmanetworks", "", "fast") {
+            let net: RdmaNetwork = serde_json::from_value(v).unwrap();
+            reconcile(Arc::new(net), fresh(&self.ctx, &self.server))
+                .await
+                .unwrap();
+        }
     }
 
     /// The node agents report their specs applied.

@@ -16,7 +16,7 @@
 use super::{Context, Error};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kroce_operator::crd::RdmaNodeState;
-use kube::api::{EvictParams, ListParams, Patch, PatchParams};
+use kube::api::{EvictParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::BTreeSet;
@@ -208,12 +208,11 @@ async fn evict(ctx: &Context, pods: &[String], errors: &mut Vec<kube::Error>) ->
     out
 }
 
-/// One round: list nodes and node states, plan, act. Every action is
-/// tried; the first error is returned after the rest ran.
+/// One round: nodes and node states from the stores, plan, act. Every
+/// action is tried; the first error is returned after the rest ran.
 pub async fn step(ctx: &Context, enabled: bool) -> Result<Vec<DrainAction>, Error> {
-    let lp = ListParams::default();
-    let nodes = Api::<Node>::all(ctx.client.clone()).list(&lp).await?.items;
-    let states = super::list_node_states(ctx).await?;
+    let nodes = ctx.stores.nodes();
+    let states = ctx.stores.states_by_name();
     let views: Vec<DrainNode> = nodes
         .iter()
         .map(|n| DrainNode {
@@ -560,6 +559,7 @@ mod tests {
             "kroce-system",
             "kroce-device-plugin",
             Arc::new(Metrics::default()),
+            crate::test_world::snapshot(&ApiServer::default()),
         );
         server.insert(
             CORE,
@@ -589,7 +589,9 @@ mod tests {
         assert!(server.get(CORE, "pods", "team-a", "a-0").is_some());
 
         // On: n1 is cordoned and marked, only its holding pod is evicted; n2 waits.
-        step(&ctx, true).await.unwrap();
+        step(&crate::test_world::fresh(&ctx, &server), true)
+            .await
+            .unwrap();
         let n1 = node_obj(&server, "n1");
         assert!(is_cordoned(&n1), "{n1}");
         assert_eq!(
@@ -624,7 +626,9 @@ mod tests {
 
         // The agent has not re-reported: the eviction is repeated (the pod is
         // already gone, which is fine) and n1 stays cordoned.
-        step(&ctx, true).await.unwrap();
+        step(&crate::test_world::fresh(&ctx, &server), true)
+            .await
+            .unwrap();
         assert!(is_cordoned(&node_obj(&server, "n1")));
 
         // The agent now reports nothing held: n1 is uncordoned and unmarked,
@@ -637,7 +641,9 @@ mod tests {
             o["status"]["heldVfs"] = json!([]);
             o["status"]["syncState"] = "Succeeded".into();
         });
-        let actions = step(&ctx, true).await.unwrap();
+        let actions = step(&crate::test_world::fresh(&ctx, &server), true)
+            .await
+            .unwrap();
         assert!(
             matches!(&actions[0], DrainAction::Finish { node, uncordon: true, .. } if node == "n1"),
             "{actions:?}"
@@ -665,12 +671,16 @@ mod tests {
         if let Ok(mut r) = server.refuse_eviction.lock() {
             r.clear();
         }
-        step(&ctx, true).await.unwrap();
+        step(&crate::test_world::fresh(&ctx, &server), true)
+            .await
+            .unwrap();
         assert!(server.get(CORE, "pods", "team-a", "b-0").is_none());
         server.edit(KROCE, "rdmanodestates", "", "n2", |o| {
             o["status"]["heldVfs"] = json!([]);
         });
-        step(&ctx, true).await.unwrap();
+        step(&crate::test_world::fresh(&ctx, &server), true)
+            .await
+            .unwrap();
         let n2 = node_obj(&server, "n2");
         assert!(is_cordoned(&n2), "admin's cordon kept: {n2}");
         assert!(

@@ -338,30 +338,35 @@ pub enum LeadershipLost {
     },
 }
 
-/// Renews every retry period until the lease is lost.
+/// Renews every retry period until the lease is lost. Each attempt gets
+/// only the time left before the renew deadline (measured on tokio's clock
+/// from the last successful renewal): a request that hangs must not let
+/// this replica go on reconciling after the lease has expired and another
+/// replica took over (the deadline is shorter than the lease).
 async fn keep_renewing(elector: &mut LeaderElector) -> LeadershipLost {
-    let mut last_renew = Timestamp::now();
+    let mut last_renew = tokio::time::Instant::now();
     let mut last_error = String::new();
     loop {
         tokio::time::sleep(elector.timings.retry_period).await;
-        let now = Timestamp::now();
-        match elector.try_acquire_or_renew(now).await {
-            Ok(Role::Leader) => last_renew = now,
-            Ok(Role::Follower {
+        let deadline = last_renew + elector.timings.renew_deadline;
+        let attempt =
+            tokio::time::timeout_at(deadline, elector.try_acquire_or_renew(Timestamp::now()));
+        match attempt.await {
+            Ok(Ok(Role::Leader)) => last_renew = tokio::time::Instant::now(),
+            Ok(Ok(Role::Follower {
                 holder: Some(holder),
-            }) => {
+            })) => {
                 return LeadershipLost::TakenOver {
                     lease: elector.lease_ref(),
                     holder,
                 };
             }
             // Lost a write race: re-read next round, within the deadline.
-            Ok(Role::Follower { holder: None }) => last_error = "write conflict".into(),
-            Err(e) => last_error = e.to_string(),
+            Ok(Ok(Role::Follower { holder: None })) => last_error = "write conflict".into(),
+            Ok(Err(e)) => last_error = e.to_string(),
+            Err(_) => last_error = "the renewal got no answer before the deadline".into(),
         }
-        let deadline =
-            SignedDuration::try_from(elector.timings.renew_deadline).unwrap_or(SignedDuration::MAX);
-        if now.duration_since(last_renew) >= deadline {
+        if tokio::time::Instant::now() >= last_renew + elector.timings.renew_deadline {
             return LeadershipLost::RenewFailed {
                 lease: elector.lease_ref(),
                 deadline: elector.timings.renew_deadline,
@@ -670,5 +675,47 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("pod-z"), "{err}");
+    }
+
+    /// A renewal that hangs (the API server or the network stops answering)
+    /// ends leadership at the renew deadline, before the lease can expire
+    /// and another replica take over: the work is dropped by then.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_renewal_stops_the_leader_at_the_renew_deadline() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        struct Running(Arc<AtomicBool>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let (client, server) = ApiServer::start();
+        let mut a = elector(&client, "pod-a");
+        let running = Arc::new(AtomicBool::new(false));
+        let r = running.clone();
+        let srv = server.clone();
+        let work = move || async move {
+            let _guard = Running(r.clone());
+            r.store(true, Ordering::SeqCst);
+            // Leading: from now on nothing about the lease gets an answer.
+            for m in ["GET", "PUT", "PATCH", "POST"] {
+                srv.hang_on(m, "/leases");
+            }
+            std::future::pending::<anyhow::Result<()>>().await
+        };
+        let started = tokio::time::Instant::now();
+        let out = tokio::time::timeout(S15 * 4, lead(&mut a, work, std::future::pending::<()>()))
+            .await
+            .expect("leadership must end within the renew deadline, not hang");
+        let err = out.unwrap_err().to_string();
+        assert!(err.contains("could not renew"), "{err}");
+        let took = started.elapsed();
+        let timings = LeaseTimings::for_duration(S15);
+        assert!(
+            took <= timings.renew_deadline + timings.retry_period && took < S15,
+            "stopped after {took:?}; the lease lives {S15:?}"
+        );
+        assert!(!running.load(Ordering::SeqCst), "the work still runs");
     }
 }

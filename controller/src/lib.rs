@@ -2,19 +2,27 @@
 //! [`reconcile`] per `RdmaNetwork` (with a finalizer), [`error_policy`],
 //! status through server-side apply, events, metrics.
 //!
-//! Every reconcile plans the whole cluster with the pure functions of
-//! [`kroce_operator::plan`] (the benchmark shows 1,000 nodes x 4 networks is cheap)
-//! and writes only what differs: node state specs, the device plugin's
-//! ConfigMap, this network's attachment definitions and its status.
+//! Two loops over one set of shared reflector stores ([`stores`]): the
+//! network loop writes each network's attachment definitions, status and
+//! admission runs; the node loop ([`node`]) is the only writer of a node's
+//! `RdmaNodeState` spec and its device plugin ConfigMap key. Both plan with
+//! the pure functions of [`kroce_operator::plan`] and write only what
+//! differs from the store.
 
 pub mod admission;
 pub mod drain;
 pub mod leader;
 pub mod metrics;
+pub mod node;
+pub mod stores;
 mod sync;
 
 #[cfg(test)]
 mod admission_tests;
+#[cfg(test)]
+mod loop_tests;
+#[cfg(test)]
+mod test_world;
 #[cfg(test)]
 mod tests;
 
@@ -24,8 +32,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use metrics::Metrics;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +55,10 @@ pub enum Error {
     },
     #[error("admission: {0}")]
     Admission(String),
+    /// Not a failure: the reconcile waits for another loop (a deleting
+    /// network for the node loop to drop its VFs).
+    #[error("{0}")]
+    Pending(String),
 }
 
 impl Error {
@@ -59,6 +70,7 @@ impl Error {
             Error::Finalizer(_) => "Finalizer".into(),
             Error::Yaml(_) | Error::Json { .. } => "Encode".into(),
             Error::Admission(_) => "Admission".into(),
+            Error::Pending(_) => "Pending".into(),
         }
     }
 }
@@ -99,25 +111,12 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Perftest admission flags (test namespace, image, clock).
     pub admission: admission::AdmissionSettings,
+    /// What the shared watches hold: every read of a reconcile.
+    pub stores: stores::Stores,
 }
 
 /// The Events API refuses notes over 1 kB; keep a margin.
 const MAX_EVENT_NOTE: usize = 1000;
-
-/// Every RdmaNodeState, by name (= node name).
-pub(crate) async fn list_node_states(
-    ctx: &Context,
-) -> Result<std::collections::BTreeMap<String, kroce_operator::crd::RdmaNodeState>, kube::Error> {
-    Ok(
-        Api::<kroce_operator::crd::RdmaNodeState>::all(ctx.client.clone())
-            .list(&kube::api::ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(|s| (s.name_any(), s))
-            .collect(),
-    )
-}
 
 /// `note` cut to what the Events API takes, on a character boundary.
 fn event_note(mut note: String) -> String {
@@ -175,7 +174,13 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    pub fn new(client: Client, namespace: &str, configmap: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        configmap: &str,
+        metrics: Arc<Metrics>,
+        stores: stores::Stores,
+    ) -> Self {
         let reporter = Reporter {
             controller: MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -187,6 +192,7 @@ impl Context {
             configmap: configmap.to_string(),
             metrics,
             admission: admission::AdmissionSettings::default(),
+            stores,
         }
     }
 }
@@ -206,14 +212,46 @@ pub async fn reconcile(net: Arc<RdmaNetwork>, ctx: Arc<Context>) -> Result<Actio
 }
 
 pub fn error_policy(net: Arc<RdmaNetwork>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::Pending(why) = error {
+        tracing::info!(network = %net.name_any(), "{why}");
+        return Action::requeue(Duration::from_secs(2));
+    }
     tracing::warn!(network = %net.name_any(), %error, "reconcile failed");
     ctx.metrics.failed(&error.metric_reason());
     Action::requeue(Duration::from_secs(30))
 }
 
-/// Runs the controller until SIGTERM. Node and node-state changes requeue
-/// every network (any of them may select the node).
-pub async fn run(ctx: Context) -> anyhow::Result<()> {
+/// What of an `RdmaNetwork` the network loop acts on: its spec
+/// (generation), deletion and finalizers; not its own status writes.
+fn network_fingerprint(n: &RdmaNetwork) -> u64 {
+    let m = n.meta();
+    stores::hash_of(&(
+        m.generation,
+        m.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+        &m.finalizers,
+    ))
+}
+
+/// What of a Node the node loop plans from: its labels (and uid: a node
+/// re-created under the same name owns a new state).
+fn node_fingerprint(n: &k8s_openapi::api::core::v1::Node) -> u64 {
+    stores::hash_of(&(&n.metadata.uid, &n.metadata.labels))
+}
+
+/// What of an `RdmaNodeState` planning and status read: the spec, the
+/// inventory and sync outcome; not the agent's heartbeat.
+fn state_fingerprint(s: &kroce_operator::crd::RdmaNodeState) -> u64 {
+    let mut status = s.status.clone().unwrap_or_default();
+    status.last_sync_time = None;
+    stores::hash_of(&(
+        s.metadata.generation,
+        serde_json::to_string(&s.spec).unwrap_or_default(),
+        serde_json::to_string(&status).unwrap_or_default(),
+    ))
+}
+
+/// Runs both loops until SIGTERM, over one watch per kind.
+pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
     let client = ctx.client.clone();
     let networks: Api<RdmaNetwork> = Api::all(client.clone());
     if let Err(e) = networks
@@ -221,39 +259,76 @@ pub async fn run(ctx: Context) -> anyhow::Result<()> {
         .await
     {
         anyhow::bail!(
-            "cannot list rdmanetworks.kroce.io ({}); are the CRDs installed (kroce-operator crd | kubectl apply -f -)?",
+            "cannot list rdmanetworks.kroce.io ({}); are the CRDs installed (kroce-controller crd | kubectl apply -f -)?",
             api_error_text(&e)
         );
     }
-    let controller = Controller::new(networks, watcher::Config::default().any_semantic())
-        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)));
-    let store = controller.store();
-    let all = move || {
-        store
-            .state()
-            .iter()
-            .map(|n| ObjectRef::from_obj(&**n))
+    let stores::Shared {
+        stores,
+        nodes,
+        networks: [networks_a, networks_b],
+        states: [states_a, states_b],
+        test_pods,
+        driver,
+    } = shared;
+    let config = kube::runtime::controller::Config::default().debounce(Duration::from_secs(1));
+    let ctx = Arc::new(ctx);
+    // Network loop: its own spec changes; a node state change wakes only
+    // the networks that state carries; a test pod change only its network.
+    let network_loop = Controller::for_shared_stream(
+        stores::changed_only(networks_a, network_fingerprint),
+        stores.networks.clone(),
+    )
+    .with_config(config.clone())
+    .watches_shared_stream(stores::changed_only(states_a, state_fingerprint), |s| {
+        node::networks_of_state(&s)
+            .into_iter()
+            .map(|n| ObjectRef::<RdmaNetwork>::new(&n))
             .collect::<Vec<_>>()
-    };
-    let all2 = all.clone();
-    controller
-        .watches(
-            Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
-            move |_| all(),
-        )
-        .watches(
-            Api::<kroce_operator::crd::RdmaNodeState>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
-            move |_| all2(),
-        )
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "controller stream");
-            }
-        })
-        .await;
-    Ok(())
+    })
+    .watches_shared_stream(test_pods, |p| {
+        p.labels()
+            .get(kroce_operator::names::ADMISSION_NETWORK_LABEL)
+            .map(|n| ObjectRef::<RdmaNetwork>::new(n))
+    })
+    .shutdown_on_signal()
+    .run(reconcile, error_policy, ctx.clone())
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "network loop");
+        }
+    });
+    // Node loop: a Node event is that node; a state change is its node; a
+    // network change is the nodes it selects or is on.
+    let (node_store, state_store) = (stores.nodes.clone(), stores.states.clone());
+    let node_loop = Controller::for_shared_stream(
+        stores::changed_only(nodes, node_fingerprint),
+        stores.nodes.clone(),
+    )
+    .with_config(config)
+    .watches_shared_stream(stores::changed_only(states_b, state_fingerprint), |s| {
+        Some(ObjectRef::<k8s_openapi::api::core::v1::Node>::new(
+            &s.name_any(),
+        ))
+    })
+    .watches_shared_stream(
+        stores::changed_only(networks_b, network_fingerprint),
+        move |net| {
+            node::nodes_of_network(&net, &node_store.state(), &state_store.state())
+                .into_iter()
+                .map(|n| ObjectRef::<k8s_openapi::api::core::v1::Node>::new(&n))
+                .collect::<Vec<_>>()
+        },
+    )
+    .shutdown_on_signal()
+    .run(node::reconcile_node, node::error_policy, ctx)
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "node loop");
+        }
+    });
+    tokio::select! {
+        _ = driver => anyhow::bail!("the shared watches ended"),
+        _ = futures::future::join(network_loop, node_loop) => Ok(()),
+    }
 }

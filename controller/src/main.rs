@@ -50,7 +50,7 @@ enum Cmd {
         lease_name: String,
         /// Seconds the Lease lives without renewal; the leader renews every
         /// 2/15 of it and gives up after 2/3 of it without a renewal.
-        #[arg(long, default_value_t = 15)]
+        #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=3600))]
         lease_duration_seconds: u64,
         /// This replica's name in the Lease (the pod name, from the downward API).
         #[arg(long, env = "POD_NAME")]
@@ -145,15 +145,31 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             metrics.register(&mut registry);
             let health = Arc::new(Health::default());
             let server = tokio::spawn(serve(listen, Arc::new(registry), health.clone()));
-            let ctx =
-                kroce_controller::Context::new(client.clone(), &namespace, &configmap, metrics)
-                    .with_admission(admission.settings());
-            // The reconciler and the drain run together, and only while leading.
-            let work = move || async move {
-                let drain = kroce_controller::drain::run(ctx.clone(), drain_held_vfs);
-                tokio::select! {
-                    r = kroce_controller::run(ctx) => r,
-                    r = drain => r,
+            let settings = admission.settings();
+            // The reconciler and the drain run together, and only while
+            // leading; so do the watches (a follower keeps no stores).
+            let work = {
+                let (client, namespace) = (client.clone(), namespace.clone());
+                move || async move {
+                    let shared = kroce_controller::stores::start(
+                        &client,
+                        &namespace,
+                        &configmap,
+                        &settings.test_namespace,
+                    )?;
+                    let ctx = kroce_controller::Context::new(
+                        client,
+                        &namespace,
+                        &configmap,
+                        metrics,
+                        shared.stores.clone(),
+                    )
+                    .with_admission(settings);
+                    let drain = kroce_controller::drain::run(ctx.clone(), drain_held_vfs);
+                    tokio::select! {
+                        r = kroce_controller::run(ctx, shared) => r,
+                        r = drain => r,
+                    }
                 }
             };
             let r = if leader_election {

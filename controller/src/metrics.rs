@@ -20,6 +20,9 @@ pub struct Metrics {
     pub failures: Family<FailureLabels, Counter>,
     pub duration: Histogram,
     pub conflicts: Gauge,
+    /// Node loop: reconciles and the writes they made.
+    pub node_reconciles: Counter,
+    pub node_writes: Counter,
 }
 
 impl Default for Metrics {
@@ -29,6 +32,8 @@ impl Default for Metrics {
             failures: Family::default(),
             duration: Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             conflicts: Gauge::default(),
+            node_reconciles: Counter::default(),
+            node_writes: Counter::default(),
         }
     }
 }
@@ -54,6 +59,16 @@ impl Metrics {
             "kroce_node_conflicts",
             "Node conflicts found by the last reconcile (nodes kept at their last good state)",
             self.conflicts.clone(),
+        );
+        registry.register(
+            "kroce_node_reconciles",
+            "Node reconciles started (one node's RdmaNodeState spec and ConfigMap key)",
+            self.node_reconciles.clone(),
+        );
+        registry.register(
+            "kroce_node_writes",
+            "Writes made by node reconciles (a node spec or a ConfigMap key that changed)",
+            self.node_writes.clone(),
         );
     }
 

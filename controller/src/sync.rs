@@ -1,48 +1,38 @@
-//! What one reconcile writes: node state specs, the device plugin
-//! ConfigMap, attachment definitions, the network's status, events.
+//! What one network reconcile writes: its attachment definitions, its
+//! status, events (node specs and the ConfigMap are the node loop's).
 
 use super::{Context, Error, MANAGER};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::core::v1::Node;
 use kroce_operator::crd::conditions::stamp_transitions;
 use kroce_operator::crd::{
     Condition, RdmaNetwork, RdmaNetworkStatus, RdmaNodeState, RdmaNodeStateSpec, SyncState,
 };
 use kroce_operator::names::{MANAGED_BY_LABEL, NETWORK_LABEL};
-use kroce_operator::plan::device_plugin::config_key;
-use kroce_operator::plan::merge::Desired;
 use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
 use kroce_operator::plan::{ClusterPlan, NetworkInput, NodeInput, plan_cluster};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Everything listed once per reconcile.
-struct World {
-    networks: Vec<RdmaNetwork>,
-    nodes: Vec<Node>,
-    states: BTreeMap<String, RdmaNodeState>,
+/// What a reconcile reads, from the shared stores (never a LIST).
+pub(crate) struct World {
+    pub networks: Vec<RdmaNetwork>,
+    pub nodes: Vec<Node>,
+    pub states: BTreeMap<String, RdmaNodeState>,
 }
 
-async fn list_world(ctx: &Context) -> Result<World, Error> {
-    let lp = ListParams::default();
-    let networks = Api::<RdmaNetwork>::all(ctx.client.clone())
-        .list(&lp)
-        .await?
-        .items;
-    let nodes = Api::<Node>::all(ctx.client.clone()).list(&lp).await?.items;
-    let states = super::list_node_states(ctx).await?;
-    Ok(World {
-        networks,
-        nodes,
-        states,
-    })
+pub(crate) fn world(ctx: &Context) -> World {
+    World {
+        networks: ctx.stores.networks(),
+        nodes: ctx.stores.nodes(),
+        states: ctx.stores.states_by_name(),
+    }
 }
 
-fn plan_world(world: &World) -> ClusterPlan {
+pub(crate) fn plan_world(world: &World) -> ClusterPlan {
     let networks: Vec<NetworkInput> = world
         .networks
         .iter()
@@ -79,22 +69,27 @@ fn plan_world(world: &World) -> ClusterPlan {
 }
 
 async fn publish(ctx: &Context, net: &RdmaNetwork, type_: EventType, reason: &str, note: String) {
+    publish_on(ctx, net, type_, reason, note).await;
+}
+
+/// An event on `net` (reason doubles as the action).
+pub(crate) async fn publish_on(
+    ctx: &Context,
+    net: &RdmaNetwork,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     ctx.event(&net.object_ref(&()), type_, reason, reason, note)
         .await;
 }
 
-/// One change a reconcile made, with the networks it is about: a node
-/// state changes for every network whose VFs on it changed, whichever
-/// network's reconcile wrote it.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Change {
-    pub networks: Vec<String>,
-    pub note: String,
-}
-
 /// Networks whose VF groups or soft devices differ between two node state
 /// specs; the networks of `new` when only PF-level settings changed.
-fn networks_changed(old: Option<&RdmaNodeStateSpec>, new: &RdmaNodeStateSpec) -> Vec<String> {
+pub(crate) fn networks_changed(
+    old: Option<&RdmaNodeStateSpec>,
+    new: &RdmaNodeStateSpec,
+) -> Vec<String> {
     use std::collections::BTreeSet;
     let groups = |s: &RdmaNodeStateSpec| -> BTreeMap<String, String> {
         let mut m: BTreeMap<String, String> = BTreeMap::new();
@@ -123,133 +118,6 @@ fn networks_changed(old: Option<&RdmaNodeStateSpec>, new: &RdmaNodeStateSpec) ->
     } else {
         changed
     }
-}
-
-/// Applies node state specs and the device plugin ConfigMap for the whole
-/// plan; returns one entry per change.
-async fn sync_nodes(
-    ctx: &Context,
-    world: &World,
-    plan: &ClusterPlan,
-) -> Result<Vec<Change>, Error> {
-    let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
-    let pp = PatchParams::apply(MANAGER).force();
-    let mut changes = Vec::new();
-    for np in &plan.nodes {
-        let current = world.states.get(&np.node);
-        let desired = match (&np.desired, current) {
-            (Desired::Spec(s), Some(_)) => Some(s.clone()),
-            // Nodes nothing selects get no object; ones that had one are emptied above.
-            (Desired::Spec(s), None) if !s.pfs.is_empty() || !np.selected.is_empty() => {
-                Some(s.clone())
-            }
-            (Desired::AwaitInventory, None) => Some(RdmaNodeStateSpec {
-                node_name: np.node.clone(),
-                ..Default::default()
-            }),
-            _ => None,
-        };
-        let Some(spec) = desired else { continue };
-        if current.is_some_and(|c| c.spec == spec) {
-            continue;
-        }
-        let node = world.nodes.iter().find(|n| n.name_any() == np.node);
-        let mut obj = RdmaNodeState::new(&np.node, spec);
-        obj.metadata.labels = Some(BTreeMap::from([(
-            MANAGED_BY_LABEL.to_string(),
-            MANAGER.to_string(),
-        )]));
-        // Owned by the Node: deleting the node garbage-collects its state.
-        obj.metadata.owner_references = node.and_then(|n| {
-            Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Node".into(),
-                name: n.name_any(),
-                uid: n.uid()?,
-                ..Default::default()
-            }])
-        });
-        api.patch(&np.node, &pp, &Patch::Apply(&obj)).await?;
-        changes.push(Change {
-            networks: networks_changed(current.map(|c| &c.spec), &obj.spec),
-            note: format!(
-                "node {}: RdmaNodeState {} ({} PFs)",
-                np.node,
-                if current.is_some() {
-                    "updated"
-                } else {
-                    "created"
-                },
-                obj.spec.pfs.len()
-            ),
-        });
-    }
-    // The device plugin's pools, one key per node.
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let existing = cms.get_opt(&ctx.configmap).await?;
-    let old: BTreeMap<String, String> = existing
-        .as_ref()
-        .and_then(|c| c.data.clone())
-        .unwrap_or_default();
-    let mut data = BTreeMap::new();
-    for np in &plan.nodes {
-        let key = config_key(&np.node);
-        match (&np.device_plugin, old.get(&key)) {
-            (Some(cfg), prev) => {
-                if !np.selected.is_empty() || world.states.contains_key(&np.node) {
-                    // Pools appear only once the node state carrying them is applied.
-                    let spec = match &np.desired {
-                        Desired::Spec(s) => Some(s),
-                        _ => None,
-                    };
-                    let state = world.states.get(&np.node);
-                    let prev = prev.map(String::as_str);
-                    if let Some(c) = super::admission::advertised_pools(cfg, spec, state, prev) {
-                        data.insert(key, c.to_yaml()?);
-                    }
-                }
-            }
-            // Conflict or no inventory yet: keep what the node had.
-            (None, Some(prev)) => {
-                data.insert(key, prev.clone());
-            }
-            (None, None) => {}
-        }
-    }
-    if existing.is_none() || old != data {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(ctx.configmap.clone()),
-                namespace: Some(ctx.namespace.clone()),
-                labels: Some(BTreeMap::from([(
-                    MANAGED_BY_LABEL.to_string(),
-                    MANAGER.to_string(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(data),
-            ..Default::default()
-        };
-        let mut v = serde_json::to_value(&cm).map_err(|source| Error::Json {
-            what: "ConfigMap",
-            source,
-        })?;
-        v["apiVersion"] = "v1".into();
-        v["kind"] = "ConfigMap".into();
-        cms.patch(&ctx.configmap, &pp, &Patch::Apply(&v)).await?;
-        // The pools follow the node states changed in this pass.
-        let mut networks: Vec<String> = changes
-            .iter()
-            .flat_map(|c| c.networks.iter().cloned())
-            .collect();
-        networks.sort();
-        networks.dedup();
-        changes.push(Change {
-            networks,
-            note: format!("ConfigMap {}/{} updated", ctx.namespace, ctx.configmap),
-        });
-    }
-    Ok(changes)
 }
 
 /// What applying a network's attachment definitions ran into.
@@ -559,7 +427,10 @@ pub(crate) fn jiff_now() -> String {
 }
 
 pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Error> {
-    let world = list_world(ctx).await?;
+    // Node specs and the device plugin's keys are the node loop's: this
+    // reconcile plans only to report (status, admission) and writes the
+    // network's own objects.
+    let world = world(ctx);
     let plan = plan_world(&world);
     let name = net.name_any();
     ctx.metrics.conflicts.set(
@@ -568,7 +439,6 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
             .filter(|n| !n.conflicts.is_empty())
             .count() as i64,
     );
-    let node_changes = sync_nodes(ctx, &world, &plan).await?;
     let valid = !plan.invalid.contains_key(&name);
     // An invalid spec keeps its existing attachment definitions untouched.
     let nads = if valid {
@@ -584,7 +454,6 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
         .find(|c| c.type_ == "Degraded" && c.is_true())
         .cloned();
     let changed_status = patch_status(ctx, net, status).await?;
-    publish_changes(ctx, &world, net, "Applied", &node_changes).await;
     for c in &nads.changes {
         publish(ctx, net, EventType::Normal, "Applied", c.clone()).await;
     }
@@ -599,30 +468,6 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
         wake = wake.min(crd_missing_retry(net.status.as_ref(), &jiff_now()));
     }
     Ok(Action::requeue(wake))
-}
-
-/// Node state and ConfigMap changes as Normal events on the networks they
-/// are about (the reconciled one when none is named or known).
-async fn publish_changes(
-    ctx: &Context,
-    world: &World,
-    net: &RdmaNetwork,
-    reason: &str,
-    changes: &[Change],
-) {
-    for c in changes {
-        let mut targets: Vec<&RdmaNetwork> = world
-            .networks
-            .iter()
-            .filter(|n| c.networks.contains(&n.name_any()))
-            .collect();
-        if targets.is_empty() {
-            targets.push(net);
-        }
-        for t in targets {
-            publish(ctx, t, EventType::Normal, reason, c.note.clone()).await;
-        }
-    }
 }
 
 pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Error> {
@@ -657,15 +502,33 @@ pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, 
             }
         }
     }
-    let world = list_world(ctx).await?;
+    let world = world(ctx);
     let plan = plan_world(&world);
-    let node_changes = sync_nodes(ctx, &world, &plan).await?;
     super::admission::cleanup_network(ctx, net, &plan).await?;
     for c in &changes {
         publish(ctx, net, EventType::Normal, "Cleanup", c.clone()).await;
     }
-    // The departing network (still listed while its finalizer holds it)
-    // is the one its node state changes are about.
-    publish_changes(ctx, &world, net, "Cleanup", &node_changes).await;
+    // The node loop drops the network's VFs from every node (it plans
+    // without deleting networks); the finalizer stays until it has.
+    let name = net.name_any();
+    let carrying: Vec<String> = world
+        .states
+        .values()
+        .filter(|s| crate::node::carries(&s.spec, &name))
+        .map(|s| s.name_any())
+        .collect();
+    if !carrying.is_empty() {
+        return Err(Error::Pending(format!(
+            "waiting for {} node states to drop the network ({}{})",
+            carrying.len(),
+            carrying
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            if carrying.len() > 3 { ", ..." } else { "" }
+        )));
+    }
     Ok(Action::await_change())
 }

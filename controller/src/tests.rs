@@ -2,6 +2,7 @@
 
 use super::{Context, FINALIZER, error_policy, reconcile};
 use crate::metrics::Metrics;
+use crate::test_world::{fresh, node_pass};
 use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
 use kroce_operator::testing::mock::ApiServer;
 use serde_json::{Value, json};
@@ -45,6 +46,7 @@ fn setup() -> (Arc<Context>, ApiServer) {
         "kroce-system",
         "kroce-device-plugin",
         Arc::new(Metrics::default()),
+        crate::test_world::snapshot(&server),
     );
     (Arc::new(ctx), server)
 }
@@ -54,7 +56,25 @@ async fn reconcile_named(ctx: &Arc<Context>, server: &ApiServer, name: &str) {
         .get(KROCE, "rdmanetworks", "", name)
         .unwrap_or_else(|| panic!("no network {name}"));
     let net: RdmaNetwork = serde_json::from_value(v).unwrap();
-    reconcile(Arc::new(net), ctx.clone()).await.unwrap();
+    match reconcile(Arc::new(net), fresh(ctx, server)).await {
+        // A deleting network waits for the node loop (below).
+        Ok(_) | Err(crate::Error::Finalizer(_)) if is_deleting(server, name) => {}
+        r => {
+            r.unwrap();
+        }
+    }
+    // The node loop follows what changed, then the network sees it.
+    node_pass(ctx, server).await;
+    if let Some(v) = server.get(KROCE, "rdmanetworks", "", name) {
+        let net: RdmaNetwork = serde_json::from_value(v).unwrap();
+        reconcile(Arc::new(net), fresh(ctx, server)).await.unwrap();
+    }
+}
+
+fn is_deleting(server: &ApiServer, name: &str) -> bool {
+    server
+        .get(KROCE, "rdmanetworks", "", name)
+        .is_some_and(|v| !v["metadata"]["deletionTimestamp"].is_null())
 }
 
 /// First pass adds the finalizer, the second applies (as the watch would).
@@ -699,6 +719,7 @@ async fn node_state_events_go_to_the_network_that_changed() {
         "kroce-system",
         "kroce-device-plugin",
         Arc::new(Metrics::default()),
+        crate::test_world::snapshot(&server),
     ));
     reconcile_named(&ctx, &server, "fast").await;
     let new: Vec<_> = server

@@ -422,8 +422,11 @@ fn check_gid(g: &Group<'_>, net: &NetState) -> CheckResult {
         };
         for a in addrs {
             let hit = r.ports.iter().find_map(|p| {
+                // An unreadable GID table shows as "no GID" for that port.
                 p.roce_v2_ipv4_gids()
-                    .find(|(_, ip, ndev)| ip == a && ndev.is_none_or(|n| n == nd))
+                    .ok()?
+                    .into_iter()
+                    .find(|(_, ip, ndev)| ip == a && ndev.as_deref().is_none_or(|n| n == nd))
                     .map(|(i, ..)| (p.num, i))
             });
             match hit {

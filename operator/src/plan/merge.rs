@@ -137,10 +137,7 @@ impl<'a> Prepared<'a> {
     }
 
     fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.spec
-            .node_selector
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+        selects(self.spec, labels)
     }
 
     /// The VFs of `pf` this network claims, or `None` if it does not match.
@@ -196,6 +193,13 @@ fn pf_label(pf: &ObservedPf) -> String {
         Some(n) => format!("{n} ({})", pf.pci_address),
         None => pf.pci_address.clone(),
     }
+}
+
+/// Whether a network's node selector matches these node labels.
+pub fn selects(spec: &RdmaNetworkSpec, labels: &BTreeMap<String, String>) -> bool {
+    spec.node_selector
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// Plans every node. Networks are taken in name order so the result never

@@ -100,6 +100,9 @@ pub struct ApiServer {
     /// `namespace/name` of pods whose eviction a PodDisruptionBudget refuses (429).
     pub refuse_eviction: Arc<Mutex<Vec<String>>>,
     faults: Arc<Mutex<Vec<Fault>>>,
+    /// Requests that get no answer at all (a hung API server or network):
+    /// `(method, path substring)`.
+    pub hang: Arc<Mutex<Vec<(String, String)>>>,
     /// Plurals this server does not serve (their CRD is not installed): a
     /// plain-text "404 page not found", as kube-apiserver answers.
     pub unserved: Arc<Mutex<BTreeSet<String>>>,
@@ -421,7 +424,22 @@ impl ApiServer {
         let server = ApiServer::default();
         let s = server.clone();
         tokio::spawn(async move {
+            // Unanswered requests stay here, so their callers wait forever.
+            let mut held = Vec::new();
             while let Some((req, send)) = handle.next_request().await {
+                if s.hangs(req.method().as_str(), req.uri().path()) {
+                    if let Ok(mut l) = s.calls.lock() {
+                        l.push(Call {
+                            method: req.method().to_string(),
+                            path: req.uri().path().to_string(),
+                            query: req.uri().query().unwrap_or("").to_string(),
+                            content_type: String::new(),
+                            body: Value::Null,
+                        });
+                    }
+                    held.push(send);
+                    continue;
+                }
                 let resp = s.handle(req).await;
                 send.send_response(resp);
             }
@@ -456,6 +474,21 @@ impl ApiServer {
         });
         drop(events);
         self.events_changed.notify_waiters();
+    }
+
+    /// From now on, `method` requests whose path contains `path` are never
+    /// answered.
+    pub fn hang_on(&self, method: &str, path: &str) {
+        if let Ok(mut h) = self.hang.lock() {
+            h.push((method.to_string(), path.to_string()));
+        }
+    }
+
+    fn hangs(&self, method: &str, path: &str) -> bool {
+        self.hang.lock().is_ok_and(|h| {
+            h.iter()
+                .any(|(m, p)| m == method && path.contains(p.as_str()))
+        })
     }
 
     /// The next `times` requests `matches` accepts are answered with `code`

@@ -1,0 +1,299 @@
+//! Edge: one watch per kind, its reflector store shared by every loop (the
+//! network controller, the node controller, the drain). Reconciles read
+//! these stores; they never LIST.
+
+use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{self, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+/// Events a slow subscriber may fall behind before the watch waits for it.
+const SUBSCRIBE_BUFFER: usize = 1024;
+
+/// Readers of the shared stores.
+#[derive(Clone)]
+pub struct Stores {
+    pub nodes: Store<Node>,
+    pub networks: Store<RdmaNetwork>,
+    pub states: Store<RdmaNodeState>,
+    /// Only the device plugin ConfigMap (a field selector on its name).
+    pub configmaps: Store<ConfigMap>,
+    /// Only admission perftest pods, in the test namespace.
+    pub test_pods: Store<Pod>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("nodes", &self.nodes.len())
+            .field("networks", &self.networks.len())
+            .field("states", &self.states.len())
+            .finish()
+    }
+}
+
+impl Stores {
+    /// Every RdmaNodeState, by name (= node name).
+    pub fn states_by_name(&self) -> BTreeMap<String, RdmaNodeState> {
+        self.states
+            .state()
+            .into_iter()
+            .map(|s| (s.name_any(), (*s).clone()))
+            .collect()
+    }
+
+    pub fn state(&self, node: &str) -> Option<Arc<RdmaNodeState>> {
+        self.states
+            .get(&reflector::ObjectRef::<RdmaNodeState>::new(node))
+    }
+
+    pub fn node(&self, node: &str) -> Option<Arc<Node>> {
+        self.nodes.get(&reflector::ObjectRef::<Node>::new(node))
+    }
+
+    pub fn nodes(&self) -> Vec<Node> {
+        self.nodes.state().iter().map(|n| (**n).clone()).collect()
+    }
+
+    pub fn networks(&self) -> Vec<RdmaNetwork> {
+        self.networks
+            .state()
+            .iter()
+            .map(|n| (**n).clone())
+            .collect()
+    }
+
+    /// The device plugin ConfigMap, if it exists.
+    pub fn configmap(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        self.configmaps
+            .get(&reflector::ObjectRef::<ConfigMap>::new(name).within(namespace))
+    }
+
+    /// Test pods whose labels include every `key=value` of `selector`.
+    pub fn test_pods(&self, selector: &str) -> Vec<Pod> {
+        let wanted: Vec<(&str, &str)> = selector
+            .split(',')
+            .filter_map(|t| t.split_once('='))
+            .collect();
+        self.test_pods
+            .state()
+            .iter()
+            .filter(|p| {
+                wanted
+                    .iter()
+                    .all(|(k, v)| p.labels().get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|p| (**p).clone())
+            .collect()
+    }
+}
+
+/// The shared watches, started by [`start`]: their stores, a subscription
+/// per consumer, and the future that drives them (poll it for as long as
+/// the controllers run).
+pub struct Shared {
+    pub stores: Stores,
+    pub nodes: ReflectHandle<Node>,
+    /// Two consumers each: the network controller and the node controller.
+    pub networks: [ReflectHandle<RdmaNetwork>; 2],
+    pub states: [ReflectHandle<RdmaNodeState>; 2],
+    pub test_pods: ReflectHandle<Pod>,
+    pub driver: futures::future::BoxFuture<'static, ()>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("stores", &self.stores)
+            .finish()
+    }
+}
+
+fn drive<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: Writer<K>,
+    strip: fn(&mut K),
+) -> impl std::future::Future<Output = ()> + Send
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+{
+    let kind = K::kind(&Default::default()).to_string();
+    watcher(api, config)
+        .default_backoff()
+        .modify(strip)
+        .reflect_shared(writer)
+        .for_each(move |ev| {
+            if let Err(e) = ev {
+                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying with backoff");
+            }
+            std::future::ready(())
+        })
+}
+
+/// What the stores keep of a Node: name, uid and labels are all planning
+/// reads (the kubelet's status, images and managed fields would make a
+/// 5,000-node store hundreds of MiB).
+fn strip_node(n: &mut Node) {
+    n.status = None;
+    n.metadata.managed_fields = None;
+    n.metadata.annotations = n.metadata.annotations.take().map(|mut a| {
+        a.retain(|k, _| k.starts_with("kroce.io/"));
+        a
+    });
+}
+
+fn strip_managed<K: Resource>(k: &mut K) {
+    k.meta_mut().managed_fields = None;
+}
+
+/// Starts one watch per kind. `namespace`/`configmap`: the device plugin
+/// ConfigMap; `test_namespace`: where perftest pods run.
+pub fn start(
+    client: &Client,
+    namespace: &str,
+    configmap: &str,
+    test_namespace: &str,
+) -> Result<Shared, StoreError> {
+    let (nodes, nodes_w) = reflector::store_shared::<Node>(SUBSCRIBE_BUFFER);
+    let (networks, networks_w) = reflector::store_shared::<RdmaNetwork>(SUBSCRIBE_BUFFER);
+    let (states, states_w) = reflector::store_shared::<RdmaNodeState>(SUBSCRIBE_BUFFER);
+    let (configmaps, configmaps_w) = reflector::store_shared::<ConfigMap>(SUBSCRIBE_BUFFER);
+    let (test_pods, pods_w) = reflector::store_shared::<Pod>(SUBSCRIBE_BUFFER);
+    let sub = |what: &'static str| StoreError { what };
+    let nodes_sub = nodes_w.subscribe().ok_or_else(|| sub("nodes"))?;
+    let networks_sub = [
+        networks_w.subscribe().ok_or_else(|| sub("rdmanetworks"))?,
+        networks_w.subscribe().ok_or_else(|| sub("rdmanetworks"))?,
+    ];
+    let states_sub = [
+        states_w.subscribe().ok_or_else(|| sub("rdmanodestates"))?,
+        states_w.subscribe().ok_or_else(|| sub("rdmanodestates"))?,
+    ];
+    let pods_sub = pods_w.subscribe().ok_or_else(|| sub("pods"))?;
+    let any = || watcher::Config::default().any_semantic();
+    let driver = futures::future::join5(
+        drive(Api::<Node>::all(client.clone()), any(), nodes_w, strip_node),
+        drive(
+            Api::<RdmaNetwork>::all(client.clone()),
+            any(),
+            networks_w,
+            strip_managed,
+        ),
+        drive(
+            Api::<RdmaNodeState>::all(client.clone()),
+            any(),
+            states_w,
+            strip_managed,
+        ),
+        drive(
+            Api::<ConfigMap>::namespaced(client.clone(), namespace),
+            any().fields(&format!("metadata.name={configmap}")),
+            configmaps_w,
+            strip_managed,
+        ),
+        drive(
+            Api::<Pod>::namespaced(client.clone(), test_namespace),
+            any().labels(kroce_operator::names::ADMISSION_RUN_LABEL),
+            pods_w,
+            strip_managed,
+        ),
+    )
+    .map(|_| ())
+    .boxed();
+    Ok(Shared {
+        stores: Stores {
+            nodes,
+            networks,
+            states,
+            configmaps,
+            test_pods,
+        },
+        nodes: nodes_sub,
+        networks: networks_sub,
+        states: states_sub,
+        test_pods: pods_sub,
+        driver,
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot subscribe to the shared {what} watch")]
+pub struct StoreError {
+    what: &'static str,
+}
+
+/// Passes an object on only when `fingerprint` of it differs from the last
+/// one seen under its name: status-only churn (and our own writes of parts
+/// a loop does not plan from) wakes nothing.
+pub fn changed_only<K, S>(
+    stream: S,
+    fingerprint: fn(&K) -> u64,
+) -> impl Stream<Item = Arc<K>> + Send + 'static
+where
+    K: Resource + Send + Sync + 'static,
+    S: Stream<Item = Arc<K>> + Send + 'static,
+{
+    let seen: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    stream.filter(move |obj| {
+        let key = format!(
+            "{}/{}",
+            obj.meta().namespace.as_deref().unwrap_or(""),
+            obj.meta().name.as_deref().unwrap_or("")
+        );
+        let fp = fingerprint(obj);
+        let new = seen
+            .lock()
+            .map(|mut s| s.insert(key, fp) != Some(fp))
+            .unwrap_or(true);
+        std::future::ready(new)
+    })
+}
+
+/// A stable hash of anything hashable (per process: fingerprints never
+/// leave it).
+pub fn hash_of(v: &impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+/// Stores filled from a list of objects, as the watches would fill them:
+/// for tests and the benchmark.
+#[cfg(any(test, feature = "testing"))]
+pub fn from_objects(
+    nodes: Vec<Node>,
+    networks: Vec<RdmaNetwork>,
+    states: Vec<RdmaNodeState>,
+    configmaps: Vec<ConfigMap>,
+    test_pods: Vec<Pod>,
+) -> Stores {
+    fn fill<K>(items: Vec<K>, strip: fn(&mut K)) -> Store<K>
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Eq + Hash + Clone + Default,
+    {
+        let mut w = Writer::<K>::default();
+        w.apply_watcher_event(&watcher::Event::Init);
+        for mut i in items {
+            strip(&mut i);
+            w.apply_watcher_event(&watcher::Event::InitApply(i));
+        }
+        w.apply_watcher_event(&watcher::Event::InitDone);
+        w.as_reader()
+    }
+    Stores {
+        nodes: fill(nodes, strip_node),
+        networks: fill(networks, strip_managed),
+        states: fill(states, strip_managed),
+        configmaps: fill(configmaps, strip_managed),
+        test_pods: fill(test_pods, strip_managed),
+    }
+}

@@ -1,0 +1,44 @@
+//! Test support: the stores as the watches would hold them right now, and
+//! the node loop run over every node, against the in-memory API server.
+
+use crate::Context;
+use crate::stores::{Stores, from_objects};
+use kroce_operator::testing::mock::ApiServer;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+fn all<K: DeserializeOwned>(server: &ApiServer, prefix: &str, plural: &str) -> Vec<K> {
+    server
+        .list(prefix, plural)
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect()
+}
+
+/// What the shared watches would hold now.
+pub fn snapshot(server: &ApiServer) -> Stores {
+    from_objects(
+        all(server, "/api/v1", "nodes"),
+        all(server, "/apis/kroce.io/v1alpha1", "rdmanetworks"),
+        all(server, "/apis/kroce.io/v1alpha1", "rdmanodestates"),
+        all(server, "/api/v1", "configmaps"),
+        all(server, "/api/v1", "pods"),
+    )
+}
+
+/// `ctx` reading the server's current objects.
+pub fn fresh(ctx: &Context, server: &ApiServer) -> Arc<Context> {
+    let mut c = ctx.clone();
+    c.stores = snapshot(server);
+    Arc::new(c)
+}
+
+/// The node loop once over every Node, each with fresh stores.
+pub async fn node_pass(ctx: &Context, server: &ApiServer) {
+    let nodes: Vec<k8s_openapi::api::core::v1::Node> = all(server, "/api/v1", "nodes");
+    for n in nodes {
+        crate::node::reconcile_node(Arc::new(n), fresh(ctx, server))
+            .await
+            .unwrap_or_else(|e| panic!("node reconcile: {e}"));
+    }
+}
