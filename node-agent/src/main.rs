@@ -18,6 +18,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Upper bound of every duration flag (a day): no deadline arithmetic can
+/// overflow, and no typo waits for years.
+const MAX_SECONDS: u64 = 86_400;
+
 /// kroce node agent: applies this node's RdmaNodeState (VFs, NUMA-local
 /// IRQs, RoCE QoS) and reports what it found.
 #[derive(Parser, Debug)]
@@ -48,7 +52,7 @@ struct HostArgs {
     #[arg(long, default_value = "/sys/kernel/config")]
     configfs: PathBuf,
     /// Seconds to wait for new VF netdevs and RDMA devices.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     vf_wait_seconds: u64,
 }
 
@@ -83,11 +87,21 @@ enum Cmd {
         #[command(flatten)]
         host: HostArgs,
         /// Re-read the host and repair drift this often, seconds.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
         resync_seconds: u64,
         /// Give up on a blocked sriov_numvfs write after this many seconds.
-        #[arg(long, default_value_t = 120)]
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
         vf_write_timeout_seconds: u64,
+        /// Status is written only when what the agent found changed, and
+        /// again (a new `lastSyncTime`) at the first pass this many seconds
+        /// after its last write: a `lastSyncTime` older than this plus
+        /// `--resync-seconds` means the agent is not running.
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
+        heartbeat_seconds: u64,
+        /// The node checks of one pass (host scan, /proc, ethtool) may take
+        /// this many seconds; then their last conditions are kept.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
+        checks_timeout_seconds: u64,
         /// Address for /metrics and /health.
         #[arg(long, default_value = "0.0.0.0:8081")]
         listen: SocketAddr,
@@ -220,6 +234,8 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             host,
             resync_seconds,
             vf_write_timeout_seconds,
+            heartbeat_seconds,
+            checks_timeout_seconds,
             listen,
             checks,
         } => {
@@ -232,10 +248,8 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             let health = Arc::new(Health::default());
             let agent = host.agent_config();
             let checks = checks.node_checks(&node_name, &agent.root, &host.host_root);
-            // RDMA counters are read from sysfs at each scrape.
-            let counters = checks.counters.clone();
-            let extra: kroce_operator::http::ExtraMetrics =
-                Arc::new(move || counters.metrics_text());
+            // RDMA counters as of the last pass: a scrape reads nothing.
+            let extra = checks.metrics_source();
             let server = tokio::spawn(kroce_operator::http::serve_with(
                 listen,
                 Arc::new(registry),
@@ -245,9 +259,11 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             let cfg = RunConfig {
                 node_name,
                 agent,
-                resync: Duration::from_secs(resync_seconds.max(1)),
-                vf_write_timeout: Duration::from_secs(vf_write_timeout_seconds.max(1)),
+                resync: Duration::from_secs(resync_seconds),
+                vf_write_timeout: Duration::from_secs(vf_write_timeout_seconds),
                 checks: Some(checks),
+                checks_timeout: Duration::from_secs(checks_timeout_seconds),
+                heartbeat: Duration::from_secs(heartbeat_seconds),
             };
             let r = kroce_node_agent::run::run(client, cfg, metrics).await;
             health
@@ -257,5 +273,57 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             r
         }
         Cmd::Apply { .. } | Cmd::Doctor { .. } => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 11: every duration flag is bounded, so no deadline arithmetic
+    /// overflows (the old flags took any u64, and 0).
+    #[test]
+    fn duration_flags_are_bounded() {
+        let base = ["kroce-node-agent", "run", "--node-name", "n1"];
+        let parse = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            Cli::try_parse_from(args)
+        };
+        assert!(parse(&[]).is_ok());
+        for flag in [
+            "--resync-seconds",
+            "--vf-write-timeout-seconds",
+            "--vf-wait-seconds",
+            "--heartbeat-seconds",
+            "--checks-timeout-seconds",
+            "--ethtool-timeout-seconds",
+        ] {
+            assert!(parse(&[flag, "1"]).is_ok(), "{flag} 1");
+            for bad in ["0", "86401", "18446744073709551615"] {
+                let err = parse(&[flag, bad])
+                    .err()
+                    .unwrap_or_else(|| panic!("{flag} {bad} accepted"))
+                    .to_string();
+                assert!(err.contains(flag) && err.contains(bad), "{err}");
+            }
+        }
+        assert!(parse(&["--resync-seconds", "86400"]).is_ok());
+        let Cmd::Run {
+            heartbeat_seconds, ..
+        } = parse(&[]).unwrap().cmd
+        else {
+            panic!("not run");
+        };
+        assert_eq!(heartbeat_seconds, 300);
+        // `apply` and `doctor` share the VF wait.
+        let err = Cli::try_parse_from([
+            "kroce-node-agent",
+            "apply",
+            "--spec-file",
+            "s",
+            "--vf-wait-seconds",
+            "0",
+        ]);
+        assert!(err.is_err());
     }
 }

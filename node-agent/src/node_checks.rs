@@ -6,9 +6,16 @@
 //! `RoceV2GidPresent`, `RdmaMtuConsistent`, `PfcConfigured`, `EcnEnabled`,
 //! `MemlockSufficient`), and `RdmaFabricCongestion` when PFC pause frames
 //! or discards grow faster than the configured rates.
+//!
+//! Every message states facts only (no rates, intervals or times): the
+//! agent writes its status only when a message changes, so anything that
+//! changes every pass would make every pass a write.
 
 use super::counters::{Counters, now_ms};
-use kroce_admission::counters::{CongestionLimits, CounterSnapshot, congestion_condition};
+use kroce_admission::counters::{
+    CONDITION_TYPE as CONGESTION_CONDITION, CongestionLimits, CounterSnapshot, CounterSource,
+    congestion_condition,
+};
 use kroce_admission::doctor::{DoctorOptions, DoctorReport, NetState, Status, names};
 use kroce_nri::reachability::{NriStatus, nri_socket_status};
 use kroce_operator::crd::{Condition, ConditionStatus, RdmaNodeStateSpec, RdmaNodeStateStatus};
@@ -55,6 +62,11 @@ pub struct NodeCheckArgs {
     /// `ethtool` for per-priority pause and PHY discard counters ("" to skip).
     #[arg(long, default_value = "ethtool")]
     pub ethtool: PathBuf,
+    /// Kill an `ethtool -S` that has not finished after this many seconds
+    /// (its counters are then missing from that pass, and the agent logs
+    /// the command and netdev).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub ethtool_timeout_seconds: u64,
 }
 
 impl NodeCheckArgs {
@@ -70,6 +82,7 @@ impl NodeCheckArgs {
             } else {
                 std::sync::Arc::new(super::counters::EthtoolCommand {
                     program: self.ethtool.clone(),
+                    timeout: std::time::Duration::from_secs(self.ethtool_timeout_seconds),
                 })
             };
         NodeChecks::new(
@@ -195,12 +208,63 @@ pub fn doctor_options(spec: &RdmaNodeStateSpec) -> Option<DoctorOptions> {
     })
 }
 
-/// The checks' state between passes (the previous counter snapshot).
+/// Condition types the checks report (the loop keeps the last reported
+/// ones while the checks cannot run).
+pub fn is_check_condition(type_: &str) -> bool {
+    type_ == NRI_CONDITION
+        || type_ == CONGESTION_CONDITION
+        || CHECK_CONDITIONS.iter().any(|(_, t)| *t == type_)
+}
+
+/// `RdmaFabricCongestion` from two snapshots, as a fact: which counters of
+/// which ports grew faster than their limit, not the rates themselves.
+/// `None` when the snapshots cannot be compared.
+pub fn congestion(
+    prev: &CounterSnapshot,
+    cur: &CounterSnapshot,
+    limits: &CongestionLimits,
+) -> Option<Condition> {
+    let c = congestion_condition(prev, cur, limits).ok()?;
+    let message = if c.status {
+        c.offenders
+            .iter()
+            .map(|r| {
+                let limit = match r.source {
+                    CounterSource::Pause { .. } => limits.max_pause_frames_per_sec,
+                    _ => limits.max_discards_per_sec,
+                };
+                format!(
+                    "{} {}/{}: {} above {limit}/s",
+                    r.netdev.as_deref().unwrap_or("-"),
+                    r.device,
+                    r.port,
+                    r.name
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    } else {
+        format!(
+            "pause frames (limit {}/s) and discards (limit {}/s) within limits",
+            limits.max_pause_frames_per_sec, limits.max_discards_per_sec
+        )
+    };
+    Some(Condition::new(
+        &c.condition_type,
+        c.status,
+        &c.reason,
+        message,
+    ))
+}
+
+/// The checks' state between passes: the previous counter snapshot, and
+/// its OpenMetrics text, which `/metrics` serves ([`Self::metrics_source`]).
 #[derive(Debug, Clone)]
 pub struct NodeChecks {
     pub config: NodeChecksConfig,
     pub counters: Counters,
     previous: Option<CounterSnapshot>,
+    served: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl NodeChecks {
@@ -209,7 +273,15 @@ impl NodeChecks {
             config,
             counters,
             previous: None,
+            served: Default::default(),
         }
+    }
+
+    /// What `/metrics` adds: the counters of the last pass (nothing before
+    /// the first). A scrape reads no sysfs file and runs no `ethtool`.
+    pub fn metrics_source(&self) -> kroce_operator::http::ExtraMetrics {
+        let served = self.served.clone();
+        std::sync::Arc::new(move || served.lock().map(|s| s.clone()).unwrap_or_default())
     }
 
     /// The conditions for this pass. `ipv4` is the host namespace's addresses.
@@ -242,15 +314,17 @@ impl NodeChecks {
             out.extend(doctor_conditions(&report));
         }
         let snap = self.counters.snapshot(&host, taken_at_ms);
+        for e in &snap.errors {
+            tracing::warn!(error = %e, "reading RDMA counters");
+        }
         if let Some(prev) = &self.previous
-            && let Ok(c) = congestion_condition(prev, &snap, &self.config.congestion)
+            && let Some(c) = congestion(prev, &snap, &self.config.congestion)
         {
-            out.push(Condition::new(
-                &c.condition_type,
-                c.status,
-                &c.reason,
-                c.message,
-            ));
+            out.push(c);
+        }
+        let text = self.counters.render(&snap);
+        if let Ok(mut served) = self.served.lock() {
+            *served = text;
         }
         self.previous = Some(snap);
         out
@@ -275,6 +349,7 @@ mod tests {
     use sriov_helpers::PciAddress;
     use sriov_helpers::fixture::FixtureHost;
     use std::path::Path;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     fn write(path: &Path, content: &str) {
@@ -297,11 +372,16 @@ mod tests {
         );
     }
 
-    /// `ethtool -S` answers that tests change between passes.
+    /// `ethtool -S` answers that tests change between passes, and how many
+    /// were asked for.
     #[derive(Default)]
-    struct FakeEthtool(Mutex<BTreeMap<String, String>>);
+    struct FakeEthtool(Mutex<BTreeMap<String, String>>, AtomicUsize);
 
     impl FakeEthtool {
+        fn calls(&self) -> usize {
+            self.1.load(Ordering::SeqCst)
+        }
+
         fn set(&self, ifname: &str, rx_prio3_pause: u64, rx_discards_phy: u64) {
             self.0.lock().unwrap().insert(
                 ifname.into(),
@@ -313,8 +393,9 @@ mod tests {
     }
 
     impl EthtoolSource for FakeEthtool {
-        fn stats(&self, ifname: &str) -> Option<String> {
-            self.0.lock().unwrap().get(ifname).cloned()
+        fn stats(&self, ifname: &str) -> Result<Option<String>, crate::counters::EthtoolError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Ok(self.0.lock().unwrap().get(ifname).cloned())
         }
     }
 
@@ -431,6 +512,101 @@ mod tests {
         let body = append_families(&own, &text);
         assert!(body.ends_with("# EOF\n") && body.matches("# EOF").count() == 1);
         assert!(body.contains("kroce_agent_passes_total") && body.contains("np_cnp_sent"));
+    }
+
+    /// Issue 11: `/metrics` serves the counters the last pass read; a scrape
+    /// reads no sysfs file and runs no `ethtool` (the old one did both, on a
+    /// tokio worker thread, at every scrape).
+    #[test]
+    fn metrics_are_served_from_the_last_pass_and_scrapes_read_nothing() {
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let pf = rdma_of(&fx, "0000:3b:00.0");
+        set_hw(&fx, &pf, "np_cnp_sent", 42);
+        let e = Arc::new(FakeEthtool::default());
+        e.set("ens1f0", 17, 2);
+        let dir = tempfile::tempdir().unwrap();
+        let mut nc = checks(&fx, e.clone(), dir.path().join("nri.sock"));
+        let scrape = nc.metrics_source();
+        assert_eq!(scrape(), "", "nothing before the first pass");
+        assert_eq!(e.calls(), 0);
+        let (sp, st) = (spec(), status_with_pfc(vec![3]));
+        nc.conditions(&sp, &st, BTreeMap::new(), 1_000);
+        let calls = e.calls();
+        assert!(calls > 0, "the pass ran ethtool");
+        let cnp = |v: u64| {
+            format!(
+                "kroce_rdma_hw_np_cnp_sent_total{{node=\"n1\",device=\"{pf}\",port=\"1\"}} {v}\n"
+            )
+        };
+        let first = scrape();
+        assert!(first.contains(&cnp(42)), "{first}");
+        assert!(first.contains("priority=\"3\"} 17"), "{first}");
+        // The host moves on; scrapes still show the last pass and read nothing.
+        set_hw(&fx, &pf, "np_cnp_sent", 43);
+        e.set("ens1f0", 18, 2);
+        assert_eq!(scrape(), first);
+        assert_eq!(scrape(), first);
+        assert_eq!(e.calls(), calls, "a scrape ran ethtool");
+        // The next pass brings the new values.
+        nc.conditions(&sp, &st, BTreeMap::new(), 2_000);
+        let next = scrape();
+        assert!(next.contains(&cnp(43)), "{next}");
+        assert!(next.contains("priority=\"3\"} 18"), "{next}");
+        // A clone (what the loop runs) feeds the same /metrics.
+        let mut moved = nc.clone();
+        set_hw(&fx, &pf, "np_cnp_sent", 44);
+        moved.conditions(&sp, &st, BTreeMap::new(), 3_000);
+        assert!(scrape().contains(&cnp(44)));
+    }
+
+    /// Issue 11: the congestion condition states facts (which counters are
+    /// over which limit), not rates or intervals, so quiet passes produce
+    /// the same condition, and a status write only when the facts change.
+    #[test]
+    fn congestion_messages_carry_no_rates_or_intervals() {
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let e = Arc::new(FakeEthtool::default());
+        let dir = tempfile::tempdir().unwrap();
+        let mut nc = checks(&fx, e.clone(), dir.path().join("nri.sock"));
+        let (sp, st) = (spec(), status_with_pfc(vec![3]));
+        e.set("ens1f0", 0, 0);
+        nc.conditions(&sp, &st, BTreeMap::new(), 1_000);
+        let mut quiet = Vec::new();
+        for (i, at) in [16_000u64, 16_100, 31_100].iter().enumerate() {
+            e.set("ens1f0", 10 * (i as u64 + 1), 0);
+            quiet.push(
+                find(
+                    &nc.conditions(&sp, &st, BTreeMap::new(), *at),
+                    "RdmaFabricCongestion",
+                )
+                .clone(),
+            );
+        }
+        assert_eq!(quiet[0], quiet[1]);
+        assert_eq!(quiet[1], quiet[2]);
+        assert_eq!(
+            quiet[0].message,
+            "pause frames (limit 100/s) and discards (limit 10/s) within limits"
+        );
+        let mut busy = Vec::new();
+        for (i, at) in [41_100u64, 51_100].iter().enumerate() {
+            e.set("ens1f0", 100_000 * (i as u64 + 1), 0);
+            busy.push(
+                find(
+                    &nc.conditions(&sp, &st, BTreeMap::new(), *at),
+                    "RdmaFabricCongestion",
+                )
+                .clone(),
+            );
+        }
+        assert_eq!(busy[0], busy[1], "different rates, same fact");
+        assert!(busy[0].is_true());
+        assert!(
+            busy[0].message.contains("rx_prio3_pause above 100/s")
+                && busy[0].message.starts_with("ens1f0 "),
+            "{}",
+            busy[0].message
+        );
     }
 
     #[test]

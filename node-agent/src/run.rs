@@ -1,6 +1,7 @@
 //! The agent's Kubernetes loop: watch this node's `RdmaNodeState`, apply it
-//! on change and every `resync` (drift repair), report status through
-//! server-side apply, only when it changed. API errors are logged and
+//! when its spec changes and every `resync` (drift repair), report status
+//! through server-side apply only when what it found changed (or the
+//! `heartbeat` is due). Its own reports do not wake it. API errors are logged and
 //! retried at the next change or resync, never fatal. [`run_with`] is the
 //! loop over given host edges and a shutdown future (tests drive it on
 //! fixture hosts).
@@ -13,7 +14,7 @@ use super::vfs::{SysfsVfControl, VfControl};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kroce_operator::crd::conditions::stamp_transitions;
-use kroce_operator::crd::{RdmaNodeState, RdmaNodeStateStatus};
+use kroce_operator::crd::{Condition, RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -32,6 +33,13 @@ pub struct RunConfig {
     pub vf_write_timeout: Duration,
     /// NRI, doctor and counter conditions added to each report.
     pub checks: Option<super::node_checks::NodeChecks>,
+    /// The node checks of one pass may take this long; then their last
+    /// conditions are kept and the pass goes on.
+    pub checks_timeout: Duration,
+    /// An unchanged report is written again (a new `lastSyncTime`) at the
+    /// first pass this long after the last write, so a stale
+    /// `lastSyncTime` means the agent is not running.
+    pub heartbeat: Duration,
 }
 
 /// Agent metrics: passes, changes made (drift repairs after the first),
@@ -160,6 +168,144 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// `(metadata.uid, metadata.generation)`: which object, which spec (the API
+/// server bumps the generation on spec changes only).
+type SpecKey = (Option<String>, Option<i64>);
+
+/// What the watch of this node's `RdmaNodeState` wakes the loop for: an
+/// object or spec other than the one the loop last read (shared: the loop
+/// records what it read). Status-only updates, the agent's own reports
+/// included, wake nothing: they would make every report cause one more
+/// pass.
+#[derive(Debug, Clone, Default)]
+struct SpecWatch {
+    read: Arc<std::sync::Mutex<Option<SpecKey>>>,
+}
+
+impl SpecWatch {
+    fn key(o: &RdmaNodeState) -> SpecKey {
+        (o.metadata.uid.clone(), o.metadata.generation)
+    }
+
+    /// The loop read this object (`None`: there is none).
+    fn read(&self, o: Option<&RdmaNodeState>) {
+        if let Ok(mut r) = self.read.lock() {
+            *r = o.map(Self::key);
+        }
+    }
+
+    /// True when `ev` should wake the loop.
+    fn wakes(&self, ev: &watcher::Event<RdmaNodeState>) -> bool {
+        match ev {
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) => self
+                .read
+                .lock()
+                .map_or(true, |r| r.as_ref() != Some(&Self::key(o))),
+            watcher::Event::Delete(_) => true,
+            watcher::Event::Init | watcher::Event::InitDone => false,
+        }
+    }
+}
+
+/// Milliseconds since the epoch for counter snapshots: the wall clock at
+/// start plus monotonic (tokio) time since, so rates do not jump with the
+/// wall clock, and tests with paused time control them.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    epoch_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    fn start() -> Self {
+        Clock {
+            epoch_ms: super::counters::now_ms(),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        let since = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_add(since)
+    }
+}
+
+/// The node checks between passes. They scan the host, walk `/proc` and
+/// run `ethtool`, so they run on the blocking pool with a timeout; a run
+/// that outlives it is kept here (a thread cannot be stopped) and no new
+/// one starts until it ends.
+#[derive(Debug)]
+enum ChecksSlot {
+    None,
+    Idle(super::node_checks::NodeChecks),
+    Running(tokio::task::JoinHandle<(super::node_checks::NodeChecks, Vec<Condition>)>),
+}
+
+impl ChecksSlot {
+    /// This pass's check conditions, `None` when the checks did not finish
+    /// (the caller keeps the last reported ones).
+    async fn run(
+        &mut self,
+        spec: &RdmaNodeStateSpec,
+        status: &RdmaNodeStateStatus,
+        taken_at_ms: u64,
+        timeout: Duration,
+    ) -> Option<Vec<Condition>> {
+        let mut checks = match std::mem::replace(self, ChecksSlot::None) {
+            ChecksSlot::None => return Some(Vec::new()),
+            ChecksSlot::Idle(c) => c,
+            ChecksSlot::Running(h) if h.is_finished() => match h.await {
+                // Its conditions are an earlier pass's: run again.
+                Ok((c, _)) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "node checks failed; no more node conditions");
+                    return Some(Vec::new());
+                }
+            },
+            ChecksSlot::Running(h) => {
+                tracing::warn!(
+                    "node checks of an earlier pass still running; their conditions are kept"
+                );
+                *self = ChecksSlot::Running(h);
+                return None;
+            }
+        };
+        let (spec, status) = (spec.clone(), status.clone());
+        let mut h = tokio::task::spawn_blocking(move || {
+            let c = checks.conditions(&spec, &status, super::doctor::live_ipv4(), taken_at_ms);
+            (checks, c)
+        });
+        match tokio::time::timeout(timeout, &mut h).await {
+            Ok(Ok((c, conditions))) => {
+                *self = ChecksSlot::Idle(c);
+                Some(conditions)
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "node checks failed; no more node conditions");
+                Some(Vec::new())
+            }
+            Err(_) => {
+                tracing::error!(
+                    timeout = ?timeout,
+                    "node checks (host scan, /proc, ethtool) did not finish in time; their conditions are kept"
+                );
+                *self = ChecksSlot::Running(h);
+                None
+            }
+        }
+    }
+}
+
+/// The last report this loop wrote, to compare the next one with (not the
+/// stored object: a report must not be rewritten for how the API server
+/// serializes it).
+#[derive(Debug)]
+struct Written {
+    uid: Option<String>,
+    status: RdmaNodeStateStatus,
+    at: tokio::time::Instant,
+}
+
 /// The loop itself, over the given edges, until `shutdown` completes.
 pub async fn run_with(
     client: Client,
@@ -176,18 +322,29 @@ pub async fn run_with(
     let w = wake.clone();
     let wc = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
     let watch_api = api.clone();
+    let spec_watch = SpecWatch::default();
+    let sw = spec_watch.clone();
     let _watch = AbortOnDrop(tokio::spawn(async move {
         // Backoff: a failing watch is retried in moments, not in a tight loop.
         let mut stream = watcher(watch_api, wc).default_backoff().boxed();
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(_) => w.notify_one(),
+                Ok(ev) => {
+                    if sw.wakes(&ev) {
+                        w.notify_one();
+                    }
+                }
                 Err(e) => tracing::warn!(error = %e, "watch of RdmaNodeState"),
             }
         }
     }));
     tokio::pin!(shutdown);
-    let mut checks = cfg.checks.clone();
+    let clock = Clock::start();
+    let mut checks = match cfg.checks.clone() {
+        Some(c) => ChecksSlot::Idle(c),
+        None => ChecksSlot::None,
+    };
+    let mut written: Option<Written> = None;
     loop {
         let state = match api.get_opt(&cfg.node_name).await {
             Ok(Some(state)) => Some(state),
@@ -202,6 +359,7 @@ pub async fn run_with(
                 None
             }
         };
+        spec_watch.read(state.as_ref());
         let Some(state) = state else {
             tokio::select! {
                 _ = wake.notified() => continue,
@@ -209,10 +367,18 @@ pub async fn run_with(
                 _ = &mut shutdown => return Ok(()),
             }
         };
-        let prev = state.status.clone().unwrap_or_default();
+        let stored = state.status.clone().unwrap_or_default();
+        // What this report is compared with: the last one written to this
+        // object, else (first pass, or a new object) what it holds.
+        let uid = state.metadata.uid.clone();
+        let last = match &written {
+            Some(w) if w.uid == uid => Some(w),
+            _ => None,
+        };
+        let prev = last.map_or(&stored, |w| &w.status).clone();
         let holders = holders(&pods, &cfg.node_name).await;
         let spec = state.spec.clone();
-        let managed = prev.managed_pfs.clone();
+        let managed = stored.managed_pfs.clone();
         let (a, v, l, d) = (agent_cfg.clone(), vfs.clone(), links.clone(), dcb.clone());
         let outcome = tokio::task::spawn_blocking(move || {
             let agent = Agent {
@@ -234,20 +400,37 @@ pub async fn run_with(
             metrics.failed.inc();
         }
         status.observed_generation = state.metadata.generation;
-        if let Some(c) = checks.as_mut() {
-            let extra = c.conditions_now(&state.spec, &status);
-            status.conditions.extend(extra);
-        }
+        let extra = checks
+            .run(&state.spec, &status, clock.now_ms(), cfg.checks_timeout)
+            .await;
+        let kept: Vec<Condition> = prev
+            .conditions
+            .iter()
+            .filter(|c| super::node_checks::is_check_condition(&c.type_))
+            .filter(|c| match &extra {
+                // The checks did not finish: all they said last time.
+                None => true,
+                // Congestion needs two snapshots: until then, the last word.
+                Some(e) => {
+                    c.type_ == kroce_admission::counters::CONDITION_TYPE
+                        && !e.iter().any(|n| n.type_ == c.type_)
+                }
+            })
+            .cloned()
+            .collect();
+        status.conditions.extend(extra.unwrap_or_default());
+        status.conditions.extend(kept);
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         stamp_transitions(&prev.conditions, &mut status.conditions, &now);
-        if !same_report(&prev, &status) {
+        let heartbeat_due = last.is_none_or(|w| w.at.elapsed() >= cfg.heartbeat);
+        if !same_report(&prev, &status) || heartbeat_due {
             status.last_sync_time = Some(now);
             let body = serde_json::json!({
                 "apiVersion": "kroce.io/v1alpha1",
                 "kind": "RdmaNodeState",
                 "status": status,
             });
-            if let Err(e) = api
+            match api
                 .patch_status(
                     &cfg.node_name,
                     &PatchParams::apply(AGENT_MANAGER).force(),
@@ -255,7 +438,15 @@ pub async fn run_with(
                 )
                 .await
             {
-                tracing::warn!(error = %e, "cannot report status");
+                Ok(_) => {
+                    written = Some(Written {
+                        uid,
+                        status,
+                        at: tokio::time::Instant::now(),
+                    });
+                }
+                // Not recorded as written: the next pass sends it again.
+                Err(e) => tracing::warn!(error = %e, "cannot report status"),
             }
         }
         tokio::select! {

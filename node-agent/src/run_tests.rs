@@ -9,14 +9,19 @@
 //! not come fails at a virtual deadline. A loop that never waits fails at a
 //! wall-clock one.
 
+use super::counters::{CounterScope, Counters, EthtoolError, EthtoolSource};
 use super::holders::NETWORK_STATUS_ANNOTATION;
+use super::node_checks::{NodeChecks, NodeChecksConfig};
 use super::run::{AGENT_MANAGER, AgentMetrics, HostEdges, RunConfig, run_with};
 use super::tests::{PF0, PF1, Rig, irq_affinities, pci, pf_config, spec};
 use futures::FutureExt;
+use kroce_admission::counters::CongestionLimits;
 use kroce_operator::crd::conditions::find;
 use kroce_operator::crd::{RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState};
 use kroce_operator::testing::mock::{ApiServer, Call};
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -29,6 +34,8 @@ const NODE: &str = "n1";
 /// So long that only the watch can explain a pass.
 const NEVER: Duration = Duration::from_secs(3600);
 const RESYNC: Duration = Duration::from_secs(10);
+/// Longer than any scenario: only the heartbeat test sees one.
+const HEARTBEAT: Duration = Duration::from_secs(86_400);
 /// Virtual time any awaited outcome may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(120);
 const STEP: Duration = Duration::from_millis(5);
@@ -110,22 +117,81 @@ struct Harness {
     rig: Rig,
     server: ApiServer,
     metrics: AgentMetrics,
+    /// `ethtool -S` of the node checks, when they run.
+    ethtool: Arc<FakeEthtool>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
+}
+
+/// `ethtool -S` answers for the node checks, counted.
+#[derive(Default)]
+struct FakeEthtool {
+    calls: AtomicUsize,
+    rx_prio3_pause: AtomicU64,
+}
+
+impl EthtoolSource for FakeEthtool {
+    fn stats(&self, _ifname: &str) -> Result<Option<String>, EthtoolError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(format!(
+            "NIC statistics:\n     rx_prio3_pause: {}\n     rx_discards_phy: 0\n",
+            self.rx_prio3_pause.load(Ordering::SeqCst)
+        )))
+    }
+}
+
+/// How a scenario runs the loop beyond [`Harness::start`]'s defaults.
+struct Setup {
+    resync: Duration,
+    heartbeat: Duration,
+    /// With the node checks (NRI, doctor, counters) on the fixture host.
+    checks: bool,
 }
 
 impl Harness {
     /// `seed` fills the API server before the loop starts.
     fn start(resync: Duration, seed: impl FnOnce(&ApiServer)) -> Harness {
+        Harness::start_with(
+            Setup {
+                resync,
+                heartbeat: HEARTBEAT,
+                checks: false,
+            },
+            seed,
+        )
+    }
+
+    fn start_with(setup: Setup, seed: impl FnOnce(&ApiServer)) -> Harness {
         let (client, server) = ApiServer::start();
         seed(&server);
         let rig = Rig::new();
+        let ethtool = Arc::new(FakeEthtool::default());
+        let checks = setup.checks.then(|| {
+            NodeChecks::new(
+                NodeChecksConfig {
+                    nri_socket: rig.path.join("var/run/nri/nri.sock"),
+                    nri_status: rig.path.join(crate::doctor::DEFAULT_NRI_STATUS),
+                    congestion: CongestionLimits {
+                        max_pause_frames_per_sec: 100.0,
+                        max_discards_per_sec: 10.0,
+                    },
+                },
+                Counters {
+                    root: rig.config.root.clone(),
+                    node: NODE.into(),
+                    scope: CounterScope::Pfs,
+                    ethtool: ethtool.clone(),
+                },
+            )
+        });
         let cfg = RunConfig {
             node_name: NODE.into(),
             agent: rig.config.clone(),
-            resync,
+            resync: setup.resync,
             vf_write_timeout: Duration::from_secs(5),
-            checks: None,
+            checks,
+            checks_timeout: Duration::from_secs(30),
+            heartbeat: setup.heartbeat,
         };
         let edges = HostEdges {
             vfs: rig.kernel.clone(),
@@ -141,6 +207,7 @@ impl Harness {
             rig,
             server,
             metrics,
+            ethtool,
             stop: Some(stop),
             task,
         }
@@ -441,9 +508,9 @@ fn host_drift_is_put_back_at_the_next_resync_without_a_status_report() {
         assert_eq!(h.rig.kernel.writes()[writes.len()..], [(pci(PF1), 8)]);
         assert_eq!(h.vfs_on(PF1), 8);
         // Recreated VFs are new devices to the kernel (new RDMA device names
-        // and IRQ numbers, as on real hardware): that is news, reported once,
-        // and the report's own event wakes one more pass that sends nothing.
-        assert_eq!(h.passes(), passes + 3);
+        // and IRQ numbers, as on real hardware): that is news, reported once;
+        // the report's own event wakes no pass.
+        assert_eq!(h.passes(), passes + 2);
         assert_eq!(h.status_patches().len(), patches + 1);
         let now = h.status();
         let devices = |s: &RdmaNodeStateStatus| -> Vec<Option<String>> {
@@ -541,8 +608,8 @@ fn a_failed_status_report_does_not_stop_the_loop_and_the_next_pass_retries() {
         assert_eq!(h.passes(), 1);
         // The next pass (the resync) finds the report missing and sends it again.
         h.until("report stored", Harness::in_sync).await;
-        // Pass 2 reported; the report's own event woke pass 3, which sent nothing.
-        assert_eq!(h.passes(), 3);
+        // Pass 2 reported; the report's own event woke no pass.
+        assert_eq!(h.passes(), 2);
         let patches = h.status_patches();
         assert_eq!(patches.len(), 2);
         // The same report, but for its timestamps (the refused one left no
@@ -619,7 +686,7 @@ fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
             s.insert(KROCE, STATES, node_state(NODE, &spec()));
         });
         // Pass 1 cannot list pods: every VF counts as held, ens1f0 is left
-        // alone. Its report wakes pass 2, which reads the (empty) pod list and
+        // alone. The resync runs pass 2, which reads the (empty) pod list and
         // applies.
         h.until("two reports", |h| h.status_patches().len() >= 2)
             .await;
@@ -669,6 +736,200 @@ fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
         h.until("ens1f0 at 2 VFs", Harness::in_sync).await;
         assert_eq!(h.vfs_on(PF0), 2);
         assert!(h.status().held_vfs.is_empty());
+        h.stop().await.unwrap();
+    });
+}
+
+/// A status without what changes with every write (its time, transition
+/// times), to compare reports by content.
+fn content(c: &Call) -> RdmaNodeStateStatus {
+    let mut s: RdmaNodeStateStatus = serde_json::from_value(c.body["status"].clone()).unwrap();
+    s.last_sync_time = None;
+    for c in &mut s.conditions {
+        c.last_transition_time = None;
+    }
+    s
+}
+
+/// Issue 11: with nothing changing on the host or in the spec, resyncs
+/// write nothing. The old loop wrote twice per resync: its condition
+/// message carried the interval since the last pass ("within limits over
+/// 10s"), and its own write woke a second pass ("over 0s").
+#[test]
+fn steady_state_resyncs_write_no_status() {
+    scenario(|| async {
+        let mut h = Harness::start_with(
+            Setup {
+                resync: RESYNC,
+                heartbeat: HEARTBEAT,
+                checks: true,
+            },
+            |s| s.insert(KROCE, STATES, node_state(NODE, &spec())),
+        );
+        // Congestion is judged from the second snapshot on: the first
+        // complete report is the one that has it.
+        h.until("a report with every node check", |h| {
+            h.stored_status().is_some_and(|s| {
+                find(&s.conditions, "RdmaFabricCongestion").is_some()
+                    && find(&s.conditions, "NriReachable").is_some()
+            })
+        })
+        .await;
+        settle().await;
+        let (passes, patches) = (h.passes(), h.status_patches().len());
+        // Counters move, within limits (10 frames in 10 s).
+        for _ in 0..6 {
+            h.ethtool.rx_prio3_pause.fetch_add(10, Ordering::SeqCst);
+            sleep(RESYNC).await;
+        }
+        assert_eq!(h.passes(), passes + 6, "one pass per resync");
+        let extra = &h.status_patches()[patches..];
+        assert!(
+            extra.is_empty(),
+            "{} status writes in 6 quiet resyncs: {:#?}",
+            extra.len(),
+            extra
+                .iter()
+                .map(|c| c.body["status"]["conditions"].clone())
+                .collect::<Vec<_>>()
+        );
+        let st = h.status();
+        let c = find(&st.conditions, "RdmaFabricCongestion").unwrap();
+        assert!(!c.is_true());
+        assert_eq!(
+            c.message,
+            "pause frames (limit 100/s) and discards (limit 10/s) within limits"
+        );
+        h.stop().await.unwrap();
+    });
+}
+
+/// Issue 11: only spec changes (a new `metadata.generation`) wake the loop;
+/// status updates, its own or another writer's, do not.
+#[test]
+fn status_only_updates_do_not_wake_the_loop_and_spec_changes_do() {
+    scenario(|| async {
+        let mut h = Harness::start(NEVER, |s| {
+            s.insert(KROCE, STATES, node_state(NODE, &spec()))
+        });
+        h.until("first report", |h| !h.status_patches().is_empty())
+            .await;
+        sleep(NEVER / 4).await;
+        // Its own report woke nothing (the old loop ran a second pass).
+        assert_eq!(h.passes(), 1);
+        // Another writer (the controller) updates the status.
+        assert!(h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["status"]["admissionPhase"] = "Admitted".into();
+        }));
+        assert_eq!(
+            h.object(NODE).unwrap()["metadata"]["generation"],
+            1,
+            "a status update leaves the generation"
+        );
+        sleep(NEVER / 4).await;
+        assert_eq!(h.passes(), 1, "a status update woke the loop");
+        assert_eq!(h.status_patches().len(), 1);
+        // A label (metadata) change is not a spec change either.
+        h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["metadata"]["labels"] = json!({"team": "a"});
+        });
+        sleep(NEVER / 4).await;
+        assert_eq!(h.passes(), 1, "a label change woke the loop");
+        // The spec changes: one pass, one report.
+        h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
+        });
+        h.until("generation 2 reported", |h| {
+            h.stored_status()
+                .is_some_and(|s| s.observed_generation == Some(2))
+        })
+        .await;
+        sleep(NEVER / 4).await;
+        assert_eq!(h.passes(), 2);
+        assert_eq!(h.status_patches().len(), 2);
+        assert_eq!(h.vfs_on(PF0), 2);
+        h.stop().await.unwrap();
+    });
+}
+
+/// Issue 11: a changed fact (a VF's netdev leaves the host namespace) is
+/// reported with exactly one write, and the loop is quiet again after it.
+#[test]
+fn a_changed_fact_is_reported_with_one_write() {
+    scenario(|| async {
+        let mut h = Harness::start_with(
+            Setup {
+                resync: RESYNC,
+                heartbeat: HEARTBEAT,
+                checks: true,
+            },
+            |s| s.insert(KROCE, STATES, node_state(NODE, &spec())),
+        );
+        h.until("a report with every node check", |h| {
+            h.stored_status()
+                .is_some_and(|s| find(&s.conditions, "RdmaFabricCongestion").is_some())
+        })
+        .await;
+        settle().await;
+        let patches = h.status_patches().len();
+        let before = h.status();
+        let vf = before.pfs[1].vfs[3].netdev.clone().expect("VF netdev");
+        h.rig
+            .kernel
+            .host
+            .lock()
+            .unwrap()
+            .remove_netdev(&vf)
+            .unwrap();
+        sleep(RESYNC * 5).await;
+        let extra = &h.status_patches()[patches..];
+        assert_eq!(extra.len(), 1, "{extra:#?}");
+        let now = content(&extra[0]);
+        assert_ne!(
+            now.pfs[1].vfs[3], before.pfs[1].vfs[3],
+            "{:#?}",
+            now.pfs[1].vfs[3]
+        );
+        assert_eq!(now.pfs[0], before.pfs[0], "ens1f0 unchanged");
+        h.stop().await.unwrap();
+    });
+}
+
+/// An unchanged report is written again only when the heartbeat is due,
+/// with a new `lastSyncTime` and nothing else new.
+#[test]
+fn an_unchanged_report_is_rewritten_at_the_heartbeat_only() {
+    scenario(|| async {
+        let heartbeat = RESYNC * 6;
+        let mut h = Harness::start_with(
+            Setup {
+                resync: RESYNC,
+                heartbeat,
+                checks: false,
+            },
+            |s| s.insert(KROCE, STATES, node_state(NODE, &spec())),
+        );
+        h.until("first report", |h| !h.status_patches().is_empty())
+            .await;
+        let first = h.status_patches()[0].clone();
+        sleep(heartbeat - RESYNC / 2).await;
+        assert_eq!(h.status_patches().len(), 1, "before the heartbeat");
+        sleep(RESYNC).await;
+        let patches = h.status_patches();
+        assert_eq!(patches.len(), 2, "the heartbeat");
+        assert_eq!(content(&patches[1]), content(&first));
+        assert_ne!(
+            patches[1].body["status"]["lastSyncTime"],
+            first.body["status"]["lastSyncTime"]
+        );
+        assert_eq!(
+            patches[1].body["status"]["conditions"], first.body["status"]["conditions"],
+            "transition times kept"
+        );
+        sleep(heartbeat - RESYNC).await;
+        assert_eq!(h.status_patches().len(), 2);
+        sleep(RESYNC).await;
+        assert_eq!(h.status_patches().len(), 3);
         h.stop().await.unwrap();
     });
 }
