@@ -473,7 +473,8 @@ mod tests {
 
     #[test]
     fn large_pools_split_into_valid_slices() {
-        let fx = FixtureHost::many(8, 64).unwrap();
+        let dir = crate::testing::scratch_dir("kroce-dra-").unwrap();
+        let fx = crate::testing::many_at(dir.path(), 8, 64).unwrap();
         let facts = HostFacts::scan(&fx.root(), &mut Memory::default());
         let devs: Vec<Device> = devices(&facts, &BTreeSet::new())
             .into_iter()

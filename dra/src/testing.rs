@@ -501,3 +501,32 @@ async fn register(path: &Path, id: FileId, state: &Arc<Mutex<State>>) -> Option<
 pub fn scratch_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
     kroce_device_plugin::testing::scratch_dir(prefix)
 }
+
+/// [`FixtureHost::many`] (`pfs` ConnectX-6 Dx PFs with `vfs` VFs each,
+/// over two NUMA nodes) laid out at `dir`, e.g. a [`scratch_dir`]: the
+/// bench-size host is thousands of files.
+///
+/// [`FixtureHost::many`]: sriov_helpers::fixture::FixtureHost::many
+pub fn many_at(
+    dir: &Path,
+    pfs: u32,
+    vfs: u32,
+) -> std::io::Result<sriov_helpers::fixture::FixtureHost> {
+    use sriov_helpers::fixture::{FixtureHost, PfSpec};
+    let mut h = FixtureHost::at(dir)?;
+    h.add_numa_node(0, "0-31")?;
+    h.add_numa_node(1, "32-63")?;
+    h.add_rdma_cm()?;
+    for i in 0..pfs {
+        let mut spec = PfSpec::connectx6dx(
+            &format!("0000:{:02x}:00.0", 0x10 + i * 2),
+            &format!("ens{}f0", i + 1),
+            Some(i % 2),
+            vfs,
+        );
+        spec.total_vfs = vfs.max(spec.total_vfs);
+        spec.vf_offset = 1;
+        h.add_pf(spec)?;
+    }
+    Ok(h)
+}

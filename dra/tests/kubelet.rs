@@ -536,3 +536,43 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
     );
     plugin.stop().await;
 }
+
+#[tokio::test]
+async fn unprepare_removes_what_it_can_and_keeps_the_claim_until_all_is_gone() {
+    let rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    let uid = "6c1d3e0a-0000-4000-8000-00000000000a";
+    let claim = rig.claim("k", uid, &[("vf", "vf-0000-86-00-3")], &[]);
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(r.claims[uid].error, "");
+    // The device-info file replaced by a non-empty directory: not removable.
+    let di = rig
+        .opts
+        .paths
+        .devinfo_dir
+        .join(format!("rdma.kroce.io-{uid}-vf-0000-86-00-3-device.json"));
+    std::fs::remove_file(&di).unwrap();
+    std::fs::create_dir_all(di.join("x")).unwrap();
+    let r = kubelet
+        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let e = &r.claims[uid].error;
+    assert!(e.contains(&di.display().to_string()), "{e}");
+    // The CDI spec went anyway; the claim stays for the kubelet's retry.
+    assert_eq!(rig.outputs(), std::slice::from_ref(&di));
+    assert_eq!(plugin.state.prepared_claims().await, [uid]);
+    std::fs::remove_dir_all(&di).unwrap();
+    let r = kubelet
+        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(r.claims[uid].error, "", "files already gone are no error");
+    assert!(plugin.state.prepared_claims().await.is_empty());
+    plugin.stop().await;
+}
