@@ -480,6 +480,26 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
         plugin.state.prepared_claims().await,
         std::slice::from_ref(&good.uid)
     );
+    // A bad entry of this driver fails the claim even when it names only a
+    // request that got no device of ours: a typo is never silently ignored.
+    let mut only_gpu = cfg(ConfigSource::FromClaim, json!({"mtu": 20}));
+    only_gpu.requests = vec!["gpu".into()];
+    let typo = rig.claim(
+        "typo",
+        "6c1d3e0a-0000-4000-8000-00000000000b",
+        &[("vf", "vf-0000-3b-01-0")],
+        &[only_gpu],
+    );
+    let r = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&typo))
+        .await
+        .unwrap();
+    assert!(
+        r.claims[&typo.uid]
+            .error
+            .contains("field mtu: 20 is invalid: expected a whole number from 68 to 9978"),
+        "{r:?}"
+    );
     // Devices of another node's pool, unknown devices and bad UIDs too.
     let wrong = ClaimRef {
         namespace: "default".into(),
@@ -575,4 +595,72 @@ async fn unprepare_removes_what_it_can_and_keeps_the_claim_until_all_is_gone() {
     assert_eq!(r.claims[uid].error, "", "files already gone are no error");
     assert!(plugin.state.prepared_claims().await.is_empty());
     plugin.stop().await;
+}
+
+#[tokio::test]
+async fn slices_follow_the_host_and_are_written_only_on_change() {
+    let mut rig = Rig::new();
+    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
+    let plugin = rig.plugin().await;
+    registered(&kubelet, 1).await;
+    wait_writes(&kubelet, &rig.publisher, 1).await;
+    // Several rescans of an unchanged host: no write.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rig.publisher.writes(), 1);
+    assert_eq!(rig.publisher.slices(NODE)[0].spec.pool.generation, 1);
+    // A VF goes: the next rescan publishes generation 2 without it.
+    let pf = sriov_helpers::PciAddress::new(0, 0x86, 0, 0);
+    rig._fx.set_num_vfs(&pf, 6).unwrap();
+    wait_writes(&kubelet, &rig.publisher, 2).await;
+    let s = rig.publisher.slices(NODE);
+    assert_eq!(s[0].spec.pool.generation, 2);
+    let names: Vec<String> = s[0]
+        .spec
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    assert_eq!(names.len(), 14);
+    assert!(!names.iter().any(|n| n == "vf-0000-86-01-0"), "{names:?}");
+    // The API server fails: retried at a new generation once it is back.
+    rig.publisher.set_failing(true);
+    rig._fx.set_operstate("ens1f0v0", "down").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rig.publisher.writes(), 2);
+    rig.publisher.set_failing(false);
+    wait_writes(&kubelet, &rig.publisher, 3).await;
+    let s = rig.publisher.slices(NODE);
+    assert!(s[0].spec.pool.generation > 2);
+    let d = s[0]
+        .spec
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|d| d.name == "vf-0000-3b-00-2")
+        .unwrap();
+    assert_eq!(
+        d.taints.as_ref().map(|t| t[0].key.as_str()),
+        Some("rdma.kroce.io/unhealthy")
+    );
+    plugin.stop().await;
+    // A restarted plugin finds its slices unchanged: no write.
+    let before = rig.publisher.writes();
+    let plugin = rig.plugin().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rig.publisher.writes(), before);
+    plugin.stop().await;
+}
+
+async fn wait_writes(kubelet: &KubeletDraStandIn, p: &RecordingPublisher, n: u64) {
+    kubelet
+        .wait_for(
+            Duration::from_secs(10),
+            &format!("{n} slice writes"),
+            |_| (p.writes() >= n).then_some(()),
+        )
+        .await
+        .unwrap();
 }
