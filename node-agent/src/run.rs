@@ -237,7 +237,7 @@ impl Clock {
 #[derive(Debug)]
 enum ChecksSlot {
     None,
-    Idle(super::node_checks::NodeChecks),
+    Idle(Box<super::node_checks::NodeChecks>),
     Running(tokio::task::JoinHandle<(super::node_checks::NodeChecks, Vec<Condition>)>),
 }
 
@@ -253,7 +253,7 @@ impl ChecksSlot {
     ) -> Option<Vec<Condition>> {
         let mut checks = match std::mem::replace(self, ChecksSlot::None) {
             ChecksSlot::None => return Some(Vec::new()),
-            ChecksSlot::Idle(c) => c,
+            ChecksSlot::Idle(c) => *c,
             ChecksSlot::Running(h) if h.is_finished() => match h.await {
                 // Its conditions are an earlier pass's: run again.
                 Ok((c, _)) => c,
@@ -277,7 +277,7 @@ impl ChecksSlot {
         });
         match tokio::time::timeout(timeout, &mut h).await {
             Ok(Ok((c, conditions))) => {
-                *self = ChecksSlot::Idle(c);
+                *self = ChecksSlot::Idle(Box::new(c));
                 Some(conditions)
             }
             Ok(Err(e)) => {
@@ -341,7 +341,7 @@ pub async fn run_with(
     tokio::pin!(shutdown);
     let clock = Clock::start();
     let mut checks = match cfg.checks.clone() {
-        Some(c) => ChecksSlot::Idle(c),
+        Some(c) => ChecksSlot::Idle(Box::new(c)),
         None => ChecksSlot::None,
     };
     let mut written: Option<Written> = None;
@@ -478,5 +478,74 @@ mod tests {
         c.admission.push(Default::default());
         assert!(same_report(&a, &c));
         assert_eq!(Unknown("x".into()).holders("0000:3b:00.2").len(), 1);
+    }
+
+    /// `ethtool -S` that blocks its thread for a while, as a wedged driver does.
+    struct SlowEthtool(Duration);
+
+    impl crate::counters::EthtoolSource for SlowEthtool {
+        fn stats(&self, _ifname: &str) -> Result<Option<String>, crate::counters::EthtoolError> {
+            std::thread::sleep(self.0);
+            Ok(None)
+        }
+    }
+
+    /// Issue 11: node checks that outlive their timeout do not hold the
+    /// pass (the loop keeps their last conditions), and no second run
+    /// starts on top of one still going.
+    #[test]
+    fn node_checks_past_their_timeout_do_not_hold_the_pass() {
+        use crate::node_checks::{NodeChecks, NodeChecksConfig};
+        let fx = sriov_helpers::fixture::FixtureHost::connectx6dx_pair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // Per netdev: the fixture host's two PFs make a run take twice this.
+        let slow = Duration::from_millis(500);
+        let checks = NodeChecks::new(
+            NodeChecksConfig {
+                nri_socket: dir.path().join("nri.sock"),
+                nri_status: dir.path().join("nri-status.json"),
+                congestion: kroce_admission::counters::CongestionLimits {
+                    max_pause_frames_per_sec: 1000.0,
+                    max_discards_per_sec: 100.0,
+                },
+            },
+            crate::counters::Counters {
+                root: fx.root(),
+                node: "n1".into(),
+                scope: crate::counters::CounterScope::Pfs,
+                ethtool: Arc::new(SlowEthtool(slow)),
+            },
+        );
+        // Real time: the timeout races a real blocking thread.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut slot = ChecksSlot::Idle(Box::new(checks));
+            let (spec, status) = (RdmaNodeStateSpec::default(), RdmaNodeStateStatus::default());
+            let timeout = Duration::from_millis(100);
+            let t = std::time::Instant::now();
+            assert!(slot.run(&spec, &status, 1, timeout).await.is_none());
+            assert!(t.elapsed() < slow, "{:?}", t.elapsed());
+            assert!(matches!(slot, ChecksSlot::Running(_)));
+            // Still running: this pass skips them at once.
+            let t = std::time::Instant::now();
+            assert!(slot.run(&spec, &status, 2, timeout).await.is_none());
+            assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+            // Once it has ended, the next pass runs them again (with a
+            // timeout they can meet).
+            tokio::time::sleep(slow * 4).await;
+            let conditions = slot.run(&spec, &status, 3, slow * 8).await;
+            let conditions = conditions.expect("the checks ran");
+            assert!(
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == crate::node_checks::NRI_CONDITION),
+                "{conditions:#?}"
+            );
+            assert!(matches!(slot, ChecksSlot::Idle(_)));
+        });
     }
 }
