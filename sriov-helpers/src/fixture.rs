@@ -798,6 +798,15 @@ struct RdmaLayout<'a> {
     pci: bool,
 }
 
+/// Runs `f` and returns with its result the number of syscalls the host
+/// model's sysfs layer issued on this thread meanwhile: the measure scan
+/// budgets are held to (wall time on a shared CI machine is too noisy).
+pub fn count_sysfs_syscalls<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = crate::sysfs_io::syscalls();
+    let out = f();
+    (out, crate::sysfs_io::syscalls() - before)
+}
+
 /// What [`FixtureHost::broken`] damaged.
 #[derive(Debug, Clone)]
 pub struct BrokenParts {

@@ -3,7 +3,7 @@
 use crate::error::HostError;
 use crate::pci::PciAddress;
 use crate::root::HostRoot;
-use crate::sysfs_io::{canonical, link_name, parse_optional_num, read_optional};
+use crate::sysfs_io::SysDir;
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,21 +39,32 @@ pub fn read_netdev(root: &HostRoot, name: &str) -> Result<Netdev, HostError> {
             value: name.to_string(),
         });
     }
-    let dir = root.class_net().join(name);
-    canonical(&dir)?;
-    let operstate = read_optional(&dir.join("operstate"))?.unwrap_or_else(|| "unknown".into());
-    let address = read_optional(&dir.join("address"))?;
-    let mtu = parse_optional_num::<u32>(&dir.join("mtu"), "MTU")?;
-    let ifindex = parse_optional_num::<u32>(&dir.join("ifindex"), "ifindex")?;
-    let carrier = match std::fs::read_to_string(dir.join("carrier")) {
-        Ok(s) => match s.trim() {
+    let dir = SysDir::open(&root.class_net().join(name), "netdev")?;
+    read_netdev_in(&dir, name)
+}
+
+/// As [`read_netdev`] for a scan that holds `sys/class/net` open.
+pub(crate) fn read_netdev_at(class_net: &SysDir, name: &str) -> Result<Netdev, HostError> {
+    let dir = class_net.subdir(name, "netdev")?;
+    read_netdev_in(&dir, name)
+}
+
+fn read_netdev_in(dir: &SysDir, name: &str) -> Result<Netdev, HostError> {
+    let operstate = dir
+        .read_optional("operstate")?
+        .unwrap_or_else(|| "unknown".into());
+    let address = dir.read_optional("address")?;
+    let mtu = dir.parse_optional_num::<u32>("mtu", "MTU")?;
+    let ifindex = dir.parse_optional_num::<u32>("ifindex", "ifindex")?;
+    let carrier = match dir.read_lossy("carrier") {
+        Some(s) => match s.trim() {
             "1" => Some(true),
             "0" => Some(false),
             _ => None,
         },
-        Err(_) => None,
+        None => None,
     };
-    let pci = match link_name(&dir.join("device"))? {
+    let pci = match dir.link_name("device")? {
         Some(t) => t.parse::<PciAddress>().ok(),
         None => None,
     };

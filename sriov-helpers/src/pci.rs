@@ -4,9 +4,7 @@
 use crate::cpulist::CpuList;
 use crate::error::{HostError, ParseError};
 use crate::root::HostRoot;
-use crate::sysfs_io::{
-    dir_names, link_name, parse_hex_u16, parse_hex_u32, parse_optional_num, read_optional,
-};
+use crate::sysfs_io::{SysDir, dir_names, link_name};
 use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
@@ -166,23 +164,35 @@ pub(crate) fn read_pci_device_with(
     addr: PciAddress,
     resolve_vf_index: bool,
 ) -> Result<PciDevice, HostError> {
-    let dir = dev_dir(root, &addr);
-    if std::fs::symlink_metadata(&dir).is_err() {
-        return Err(HostError::NotFound {
-            path: dir,
-            what: "PCI device",
-        });
-    }
-    crate::sysfs_io::canonical(&dir)?;
-    let vendor = parse_hex_u16(&dir.join("vendor"), "PCI vendor id")?;
-    let device = parse_hex_u16(&dir.join("device"), "PCI device id")?;
-    let class = parse_hex_u32(&dir.join("class"), "PCI class")?;
-    let driver = link_name(&dir.join("driver"))?;
-    let numa_node = match parse_optional_num::<i64>(&dir.join("numa_node"), "NUMA node")? {
+    let dir = SysDir::open(&dev_dir(root, &addr), "PCI device")?;
+    read_pci_device_in(root, &dir, addr, resolve_vf_index)
+}
+
+/// As [`read_pci_device_with`] for a scan that holds `sys/bus/pci/devices` open.
+pub(crate) fn read_pci_device_at(
+    root: &HostRoot,
+    devices: &SysDir,
+    addr: PciAddress,
+) -> Result<PciDevice, HostError> {
+    let dir = devices.subdir(&addr.to_string(), "PCI device")?;
+    read_pci_device_in(root, &dir, addr, false)
+}
+
+fn read_pci_device_in(
+    root: &HostRoot,
+    dir: &SysDir,
+    addr: PciAddress,
+    resolve_vf_index: bool,
+) -> Result<PciDevice, HostError> {
+    let vendor = dir.parse_hex_u16("vendor", "PCI vendor id")?;
+    let device = dir.parse_hex_u16("device", "PCI device id")?;
+    let class = dir.parse_hex_u32("class", "PCI class")?;
+    let driver = dir.link_name("driver")?;
+    let numa_node = match dir.parse_optional_num::<i64>("numa_node", "NUMA node")? {
         Some(n) if n >= 0 => Some(n as u32),
         _ => None,
     };
-    let local_cpus = match read_optional(&dir.join("local_cpulist"))? {
+    let local_cpus = match dir.read_optional("local_cpulist")? {
         None => None,
         Some(s) => Some(s.parse::<CpuList>().map_err(|e| HostError::Malformed {
             path: dir.join("local_cpulist"),
@@ -190,13 +200,13 @@ pub(crate) fn read_pci_device_with(
             value: e.to_string(),
         })?),
     };
-    let sriov = read_sriov_pf(&dir)?;
-    let physfn = read_physfn(root, &dir, addr, resolve_vf_index)?;
-    let netdevs = dir_names(&dir.join("net"))?;
-    let rdma_devices = dir_names(&dir.join("infiniband"))?;
+    let sriov = read_sriov_pf(dir)?;
+    let physfn = read_physfn(root, dir, addr, resolve_vf_index)?;
+    let netdevs = dir.dir_names("net")?;
+    let rdma_devices = dir.dir_names("infiniband")?;
     let msi_irqs = {
         let mut irqs = Vec::new();
-        for name in dir_names(&dir.join("msi_irqs"))? {
+        for name in dir.dir_names("msi_irqs")? {
             let irq = name.parse::<u32>().map_err(|_| HostError::Malformed {
                 path: dir.join("msi_irqs").join(&name),
                 what: "IRQ number",
@@ -223,15 +233,15 @@ pub(crate) fn read_pci_device_with(
     })
 }
 
-fn read_sriov_pf(dir: &std::path::Path) -> Result<Option<SriovPf>, HostError> {
-    let Some(total_vfs) = parse_optional_num::<u32>(&dir.join("sriov_totalvfs"), "VF count")?
-    else {
+fn read_sriov_pf(dir: &SysDir) -> Result<Option<SriovPf>, HostError> {
+    let Some(total_vfs) = dir.parse_optional_num::<u32>("sriov_totalvfs", "VF count")? else {
         return Ok(None);
     };
-    let num_vfs =
-        parse_optional_num::<u32>(&dir.join("sriov_numvfs"), "VF count")?.unwrap_or_default();
+    let num_vfs = dir
+        .parse_optional_num::<u32>("sriov_numvfs", "VF count")?
+        .unwrap_or_default();
     let mut vfs = Vec::new();
-    for name in dir_names(dir)? {
+    for name in dir.dir_names(".")? {
         let Some(idx) = name.strip_prefix("virtfn") else {
             continue;
         };
@@ -243,11 +253,8 @@ fn read_sriov_pf(dir: &std::path::Path) -> Result<Option<SriovPf>, HostError> {
         })?;
         // Read the link text only: a VF whose directory is gone must not hide
         // its PF (the VF's own entry reports the damage).
-        let target = std::fs::read_link(&link)
-            .map_err(|source| HostError::Read {
-                path: link.clone(),
-                source,
-            })?
+        let target = dir
+            .read_link(&name)?
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
@@ -268,16 +275,15 @@ fn read_sriov_pf(dir: &std::path::Path) -> Result<Option<SriovPf>, HostError> {
 
 fn read_physfn(
     root: &HostRoot,
-    dir: &std::path::Path,
+    dir: &SysDir,
     addr: PciAddress,
     resolve_index: bool,
 ) -> Result<Option<VfOf>, HostError> {
-    let link = dir.join("physfn");
-    let Some(target) = link_name(&link)? else {
+    let Some(target) = dir.link_name("physfn")? else {
         return Ok(None);
     };
     let pf: PciAddress = target.parse().map_err(|_| HostError::Malformed {
-        path: link.clone(),
+        path: dir.join("physfn"),
         what: "physfn target",
         value: target.clone(),
     })?;

@@ -5,8 +5,9 @@
 use crate::error::HostError;
 use crate::pci::PciAddress;
 use crate::root::HostRoot;
-use crate::sysfs_io::{canonical, dir_names, link_name, read_optional, read_string};
+use crate::sysfs_io::{SysDir, dir_names};
 use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
@@ -37,7 +38,9 @@ pub struct RdmaPort {
     pub link_layer: String,
     /// The raw `rate` text, e.g. `100 Gb/sec (2X HDR)`.
     pub rate: Option<String>,
-    pub gids: Vec<Gid>,
+    /// The port's sysfs directory, for reading the GID table on demand.
+    #[serde(skip)]
+    dir: PathBuf,
 }
 
 impl RdmaPort {
@@ -50,16 +53,25 @@ impl RdmaPort {
         let num = r.split_whitespace().next()?;
         num.parse().ok()
     }
-    /// RoCE v2 GIDs that carry an IPv4 address, with their index.
-    pub fn roce_v2_ipv4_gids(&self) -> impl Iterator<Item = (u32, Ipv4Addr, Option<&str>)> {
-        self.gids.iter().filter_map(|g| {
-            if g.gid_type.as_deref() != Some("RoCE v2") {
-                return None;
-            }
-            g.gid
-                .to_ipv4_mapped()
-                .map(|v4| (g.index, v4, g.ndev.as_deref()))
-        })
+    /// The port's GID table (non-empty slots, by index), read now. A scan
+    /// does not read it: a real port has 255+ slots, a file each, and only
+    /// a few callers (GID lookup for a RoCE endpoint) need it.
+    pub fn gids(&self) -> Result<Vec<Gid>, HostError> {
+        read_gids(&self.dir)
+    }
+    /// RoCE v2 GIDs that carry an IPv4 address: `(index, address, ndev)`,
+    /// read now (see [`RdmaPort::gids`]).
+    pub fn roce_v2_ipv4_gids(&self) -> Result<Vec<(u32, Ipv4Addr, Option<String>)>, HostError> {
+        Ok(self
+            .gids()?
+            .into_iter()
+            .filter_map(|g| {
+                if g.gid_type.as_deref() != Some("RoCE v2") {
+                    return None;
+                }
+                g.gid.to_ipv4_mapped().map(|v4| (g.index, v4, g.ndev))
+            })
+            .collect())
     }
 }
 
@@ -116,11 +128,11 @@ impl CharDevices {
 }
 
 /// Which char devices belong to which RDMA device: built once per scan from
-/// the `ibdev` files of `infiniband_verbs` and `infiniband_mad`.
+/// the `ibdev` files of `infiniband_verbs` and `infiniband_mad`, keyed by
+/// RDMA device name.
 #[derive(Debug, Default, Clone)]
 pub struct CharDeviceIndex {
-    /// (ibdev, kind, char device)
-    entries: Vec<(String, CharKind, CharDevice)>,
+    by_ibdev: BTreeMap<String, CharDevices>,
     rdma_cm: Option<CharDevice>,
 }
 
@@ -135,6 +147,14 @@ impl CharDeviceIndex {
     pub fn read(root: &HostRoot) -> (Self, Vec<HostError>) {
         let mut idx = CharDeviceIndex::default();
         let mut errors = Vec::new();
+        // One listing of dev/infiniband instead of a stat per char device.
+        let dev_nodes: BTreeSet<String> = match dir_names(&root.dev_infiniband()) {
+            Ok(n) => n.into_iter().collect(),
+            Err(e) => {
+                errors.push(e);
+                BTreeSet::new()
+            }
+        };
         for (class_dir, prefixes) in [
             (root.class_verbs(), &[("uverbs", CharKind::Uverbs)][..]),
             (
@@ -142,7 +162,14 @@ impl CharDeviceIndex {
                 &[("umad", CharKind::Umad), ("issm", CharKind::Issm)][..],
             ),
         ] {
-            let names = match dir_names(&class_dir) {
+            let class = match SysDir::open(&class_dir, "char device class directory") {
+                Ok(d) => d,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let names = match class.dir_names(".") {
                 Ok(n) => n,
                 Err(e) => {
                     errors.push(e);
@@ -160,32 +187,32 @@ impl CharDeviceIndex {
                 else {
                     continue; // abi_version and friends
                 };
-                let dir = class_dir.join(&name);
-                match read_string(&dir.join("ibdev")) {
+                match class.read_string(&format!("{name}/ibdev")) {
                     Ok(ibdev) => {
-                        let dev = read_dev_numbers(&dir.join("dev"));
+                        let dev = read_dev_numbers(&class, &format!("{name}/dev"));
                         let host_path = root.dev_infiniband().join(&name);
-                        let present = host_path.exists();
-                        idx.entries.push((
-                            ibdev,
-                            kind,
-                            CharDevice {
-                                name,
-                                host_path,
-                                dev,
-                                present,
-                            },
-                        ));
+                        let present = dev_nodes.contains(&name);
+                        let cd = CharDevice {
+                            name,
+                            host_path,
+                            dev,
+                            present,
+                        };
+                        let e = idx.by_ibdev.entry(ibdev).or_default();
+                        match kind {
+                            CharKind::Uverbs => e.uverbs = Some(cd),
+                            CharKind::Umad => e.umad.push(cd),
+                            CharKind::Issm => e.issm.push(cd),
+                        }
                     }
                     Err(e) => errors.push(e),
                 }
             }
         }
-        let cm = root.dev_infiniband().join("rdma_cm");
-        if cm.exists() {
+        if dev_nodes.contains("rdma_cm") {
             idx.rdma_cm = Some(CharDevice {
                 name: "rdma_cm".into(),
-                host_path: cm,
+                host_path: root.dev_infiniband().join("rdma_cm"),
                 dev: None,
                 present: true,
             });
@@ -194,26 +221,14 @@ impl CharDeviceIndex {
     }
 
     pub fn for_device(&self, ibdev: &str) -> CharDevices {
-        let mut out = CharDevices {
-            rdma_cm: self.rdma_cm.clone(),
-            ..Default::default()
-        };
-        for (dev, kind, cd) in &self.entries {
-            if dev != ibdev {
-                continue;
-            }
-            match kind {
-                CharKind::Uverbs => out.uverbs = Some(cd.clone()),
-                CharKind::Umad => out.umad.push(cd.clone()),
-                CharKind::Issm => out.issm.push(cd.clone()),
-            }
-        }
+        let mut out = self.by_ibdev.get(ibdev).cloned().unwrap_or_default();
+        out.rdma_cm = self.rdma_cm.clone();
         out
     }
 }
 
-fn read_dev_numbers(path: &Path) -> Option<(u32, u32)> {
-    let s = std::fs::read_to_string(path).ok()?;
+fn read_dev_numbers(dir: &SysDir, name: &str) -> Option<(u32, u32)> {
+    let s = dir.read_lossy(name)?;
     let (a, b) = s.trim().split_once(':')?;
     Some((a.parse().ok()?, b.parse().ok()?))
 }
@@ -233,22 +248,40 @@ pub fn read_rdma_device(
     name: &str,
     chars: &CharDeviceIndex,
 ) -> Result<RdmaDevice, HostError> {
-    let real = canonical(dir)?;
-    let pci = match link_name(&real.join("device"))? {
+    let dir = SysDir::open(dir, "RDMA device")?;
+    read_rdma_device_in(&dir, name, chars)
+}
+
+/// As [`read_rdma_device`] for a scan that holds `sys/class/infiniband` open.
+pub(crate) fn read_rdma_device_at(
+    class: &SysDir,
+    name: &str,
+    chars: &CharDeviceIndex,
+) -> Result<RdmaDevice, HostError> {
+    let dir = class.subdir(name, "RDMA device")?;
+    read_rdma_device_in(&dir, name, chars)
+}
+
+fn read_rdma_device_in(
+    dir: &SysDir,
+    name: &str,
+    chars: &CharDeviceIndex,
+) -> Result<RdmaDevice, HostError> {
+    let pci = match dir.link_name("device")? {
         Some(t) => t.parse::<PciAddress>().ok(),
         None => None,
     };
     // Soft devices live under devices/virtual and name their netdev in `parent`.
-    let parent_netdev = read_optional(&real.join("parent"))?;
-    let node_type = read_optional(&real.join("node_type"))?;
+    let parent_netdev = dir.read_optional("parent")?;
+    let node_type = dir.read_optional("node_type")?;
     let mut ports = Vec::new();
-    for pname in dir_names(&real.join("ports"))? {
+    for pname in dir.dir_names("ports")? {
         let num: u32 = pname.parse().map_err(|_| HostError::Malformed {
-            path: real.join("ports").join(&pname),
+            path: dir.join("ports").join(&pname),
             what: "port number",
             value: pname.clone(),
         })?;
-        ports.push(read_port(&real.join("ports").join(&pname), num)?);
+        ports.push(read_port(dir, &format!("ports/{pname}"), num)?);
     }
     ports.sort_by_key(|p| p.num);
     Ok(RdmaDevice {
@@ -261,22 +294,39 @@ pub fn read_rdma_device(
     })
 }
 
-fn read_port(dir: &Path, num: u32) -> Result<RdmaPort, HostError> {
-    let state = state_text(&read_string(&dir.join("state"))?);
-    let phys_state = read_optional(&dir.join("phys_state"))?.map(|s| state_text(&s));
-    let link_layer = read_string(&dir.join("link_layer"))?;
-    let rate = read_optional(&dir.join("rate"))?;
+/// Reads port `num` from `<dev>/<port>/` (files opened relative to the
+/// device directory: two opens of subdirectories cost more than the walk).
+fn read_port(dev: &SysDir, port: &str, num: u32) -> Result<RdmaPort, HostError> {
+    let file = |name: &str| format!("{port}/{name}");
+    let state = state_text(&dev.read_string(&file("state"))?);
+    let phys_state = dev
+        .read_optional(&file("phys_state"))?
+        .map(|s| state_text(&s));
+    let link_layer = dev.read_string(&file("link_layer"))?;
+    let rate = dev.read_optional(&file("rate"))?;
+    Ok(RdmaPort {
+        num,
+        state,
+        phys_state,
+        link_layer,
+        rate,
+        dir: dev.join(port),
+    })
+}
+
+fn read_gids(port: &Path) -> Result<Vec<Gid>, HostError> {
+    let dir = SysDir::open(port, "RDMA port")?;
     let mut gids = Vec::new();
-    for gname in dir_names(&dir.join("gids"))? {
-        let path = dir.join("gids").join(&gname);
+    for gname in dir.dir_names("gids")? {
+        let file = format!("gids/{gname}");
         let index: u32 = gname.parse().map_err(|_| HostError::Malformed {
-            path: path.clone(),
+            path: dir.join(&file),
             what: "GID index",
             value: gname.clone(),
         })?;
-        let text = read_string(&path)?;
+        let text = dir.read_string(&file)?;
         let gid: Ipv6Addr = text.parse().map_err(|_| HostError::Malformed {
-            path: path.clone(),
+            path: dir.join(&file),
             what: "GID",
             value: text.clone(),
         })?;
@@ -284,30 +334,20 @@ fn read_port(dir: &Path, num: u32) -> Result<RdmaPort, HostError> {
             // Empty table slot: the kernel refuses to read its attributes.
             continue;
         }
-        let gid_type = std::fs::read_to_string(dir.join("gid_attrs/types").join(&gname))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty());
-        let ndev = std::fs::read_to_string(dir.join("gid_attrs/ndevs").join(&gname))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty());
+        let attr = |kind: &str| {
+            dir.read_lossy(&format!("gid_attrs/{kind}/{gname}"))
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        };
         gids.push(Gid {
             index,
             gid,
-            gid_type,
-            ndev,
+            gid_type: attr("types"),
+            ndev: attr("ndevs"),
         });
     }
     gids.sort_by_key(|g| g.index);
-    Ok(RdmaPort {
-        num,
-        state,
-        phys_state,
-        link_layer,
-        rate,
-        gids,
-    })
+    Ok(gids)
 }
 
 /// Names under `sys/class/infiniband`.
@@ -317,11 +357,20 @@ pub fn list_rdma_devices(root: &HostRoot) -> Result<Vec<String>, HostError> {
 
 /// The RoCE v2 GID index for one of a netdev's IPv4 addresses on this device:
 /// the kernel fills the GID table from the netdev's addresses, so this never
-/// needs a hard-coded index.
-pub fn roce_v2_gid_index(dev: &RdmaDevice, netdev: &str) -> Option<(u32, Ipv4Addr)> {
-    dev.ports.iter().find_map(|p| {
-        p.roce_v2_ipv4_gids()
-            .find(|(_, _, ndev)| ndev.is_none_or(|n| n == netdev))
-            .map(|(i, a, _)| (i, a))
-    })
+/// needs a hard-coded index. Reads the GID tables now; `Ok(None)` when no
+/// port has such a GID.
+pub fn roce_v2_gid_index(
+    dev: &RdmaDevice,
+    netdev: &str,
+) -> Result<Option<(u32, Ipv4Addr)>, HostError> {
+    for p in &dev.ports {
+        let hit = p
+            .roce_v2_ipv4_gids()?
+            .into_iter()
+            .find(|(_, _, ndev)| ndev.as_deref().is_none_or(|n| n == netdev));
+        if let Some((i, a, _)) = hit {
+            return Ok(Some((i, a)));
+        }
+    }
+    Ok(None)
 }

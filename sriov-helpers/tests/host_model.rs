@@ -94,9 +94,10 @@ fn rdma_devices_ports_gids_and_char_devices() {
     assert_eq!(port.link_layer, "Ethernet");
     assert_eq!(port.rate_gbps(), Some(100.0));
     // Empty slots are skipped: only the two link-local GIDs.
-    assert_eq!(port.gids.len(), 2);
-    assert_eq!(port.gids[1].gid_type.as_deref(), Some("RoCE v2"));
-    assert_eq!(port.gids[1].ndev.as_deref(), Some("ens1f0v0"));
+    let gids = port.gids().unwrap();
+    assert_eq!(gids.len(), 2);
+    assert_eq!(gids[1].gid_type.as_deref(), Some("RoCE v2"));
+    assert_eq!(gids[1].ndev.as_deref(), Some("ens1f0v0"));
     let cd = &dev.char_devices;
     let uv = cd.uverbs.as_ref().unwrap();
     assert_eq!(uv.name, "uverbs1");
@@ -130,10 +131,13 @@ fn roce_v2_gid_index_is_found_from_the_table_not_hard_coded() {
     let host = Host::scan(&fx.root());
     let dev = &host.rdma["mlx5_1"];
     assert_eq!(
-        roce_v2_gid_index(dev, "ens1f0v0"),
+        roce_v2_gid_index(dev, "ens1f0v0").unwrap(),
         Some((5, Ipv4Addr::new(10, 56, 0, 7)))
     );
-    assert_eq!(roce_v2_gid_index(&host.rdma["mlx5_2"], "ens1f0v1"), None);
+    assert_eq!(
+        roce_v2_gid_index(&host.rdma["mlx5_2"], "ens1f0v1").unwrap(),
+        None
+    );
 }
 
 #[test]
@@ -271,5 +275,29 @@ fn a_wrong_root_is_reported_not_taken_for_an_empty_host() {
         msgs.iter()
             .any(|m| m.contains("/nonexistent-kroce-root/sys/bus/pci/devices")),
         "{msgs:?}"
+    );
+}
+
+#[test]
+fn gid_tables_are_read_on_demand_and_a_bad_gid_names_its_file() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let gid = fx.path().join("sys/class/infiniband/mlx5_1/ports/1/gids/3");
+    std::fs::write(&gid, "not-a-gid\n").unwrap();
+    // The scan does not read GIDs: the device is there, without errors.
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    let dev = &host.rdma["mlx5_1"];
+    let err = dev.ports[0].gids().unwrap_err().to_string();
+    assert!(
+        err.contains("mlx5_1/ports/1/gids/3") && err.contains("not-a-gid"),
+        "{err}"
+    );
+    assert!(roce_v2_gid_index(dev, "ens1f0v0").is_err());
+    // A GID added after the scan is seen by the next read of the table.
+    fx.add_ipv4_gid("mlx5_2", 4, Ipv4Addr::new(10, 56, 0, 9), "ens1f0v1")
+        .unwrap();
+    assert_eq!(
+        roce_v2_gid_index(&host.rdma["mlx5_2"], "ens1f0v1").unwrap(),
+        Some((5, Ipv4Addr::new(10, 56, 0, 9)))
     );
 }
