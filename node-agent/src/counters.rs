@@ -110,27 +110,42 @@ pub fn output_within(
             let _ = tx.send(buf);
         });
     }
-    let deadline = Instant::now() + timeout;
+    // No deadline only for a timeout beyond what Instant can hold.
+    let deadline = Instant::now().checked_add(timeout);
+    let kill = |child: &mut std::process::Child| {
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    };
     loop {
-        if let Some(status) = child.try_wait()? {
-            let left = deadline.saturating_duration_since(Instant::now());
+        let exited = match child.try_wait() {
+            Ok(e) => e,
+            Err(e) => {
+                kill(&mut child);
+                return Err(e);
+            }
+        };
+        let now = Instant::now();
+        let left = deadline.map(|d| d.saturating_duration_since(now));
+        if let Some(status) = exited {
             // A grandchild may still hold stdout: do not wait past the deadline.
-            let stdout = rx.recv_timeout(left).unwrap_or_default();
+            let stdout = match left {
+                Some(left) => rx.recv_timeout(left).unwrap_or_default(),
+                None => rx.recv().unwrap_or_default(),
+            };
             return Ok(Some((status.success(), stdout)));
         }
-        let now = Instant::now();
-        if now >= deadline {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if left.is_some_and(|l| l.is_zero()) {
+            kill(&mut child);
             return Ok(None);
         }
-        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+        let poll = Duration::from_millis(10);
+        std::thread::sleep(left.map_or(poll, |l| l.min(poll)));
     }
 }
 

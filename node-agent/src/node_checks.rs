@@ -559,6 +559,50 @@ mod tests {
         assert!(scrape().contains(&cnp(44)));
     }
 
+    /// The agent's flags reach the `ethtool` it runs: a stand-in that hangs
+    /// (`--ethtool`) is killed after `--ethtool-timeout-seconds`, per netdev.
+    #[test]
+    fn ethtool_flags_set_the_program_and_its_timeout() {
+        use std::os::unix::fs::PermissionsExt as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            checks: NodeCheckArgs,
+        }
+        let fx = FixtureHost::connectx6dx_pair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let hang = dir.path().join("ethtool");
+        std::fs::write(&hang, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&hang, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hang_arg = hang.display().to_string();
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "agent",
+            "--ethtool",
+            hang_arg.as_str(),
+            "--ethtool-timeout-seconds",
+            "1",
+        ])
+        .unwrap();
+        let nc = cli.checks.node_checks("n1", &fx.root(), fx.path());
+        let t = std::time::Instant::now();
+        let snap = nc.counters.snapshot(&Host::scan(&fx.root()), 1);
+        // Two PFs, one second each.
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            t.elapsed()
+        );
+        for pf in ["ens1f0", "ens2f0"] {
+            assert!(
+                snap.errors
+                    .iter()
+                    .any(|e| e.contains(&format!("{hang_arg} -S {pf}")) && e.contains("1s")),
+                "{pf}: {:?}",
+                snap.errors
+            );
+        }
+    }
+
     /// Issue 11: the congestion condition states facts (which counters are
     /// over which limit), not rates or intervals, so quiet passes produce
     /// the same condition, and a status write only when the facts change.
