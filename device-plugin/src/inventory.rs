@@ -170,7 +170,9 @@ fn rdma_state(
                     present: view.dev_nodes.contains(&c.name),
                 })
                 .collect(),
-            roce_v2_gid: netdev.and_then(|n| roce_v2_gid_index(r, n)),
+            // Read now (the host scan leaves GID tables to who needs them);
+            // an unreadable table shows as no GID, which Allocate omits.
+            roce_v2_gid: netdev.and_then(|n| roce_v2_gid_index(r, n).ok().flatten()),
             port_state: r.ports.first().map(|p| p.state.clone()),
         }),
         None => remembered.rdma.as_ref().map(|name| RdmaState {

@@ -86,10 +86,16 @@ impl HostFacts {
                     PortFacts {
                         link_layer: p.link_layer.clone(),
                         rate_mbps: p.rate_gbps().map(|g| (g * 1000.0).round() as i64),
-                        roce_v2: p
-                            .gids
-                            .iter()
-                            .any(|g| g.gid_type.as_deref() == Some("RoCE v2")),
+                        // Read now: the host scan leaves GID tables to who needs them.
+                        roce_v2: match p.gids() {
+                            Ok(gids) => gids
+                                .iter()
+                                .any(|g| g.gid_type.as_deref() == Some("RoCE v2")),
+                            Err(e) => {
+                                errors.push(e.to_string());
+                                false
+                            }
+                        },
                     },
                 ))
             })
