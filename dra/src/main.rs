@@ -40,15 +40,24 @@ struct Cli {
     /// Host rescan interval in milliseconds.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     rescan_ms: u64,
-    #[arg(long, env = "KROCE_LOG_LEVEL", default_value = "info")]
-    log_level: String,
+    /// off, error, warn, info, debug, trace (kroce's crates only), or a
+    /// full tracing filter. Without it, RUST_LOG, else info.
+    #[arg(long, env = kroce_contracts::log::LOG_LEVEL_ENV)]
+    log_level: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The one log-level rule of every kroce binary (kroce_contracts::log).
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let directives = kroce_contracts::log::resolve(cli.log_level.as_deref(), rust_log.as_deref())?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .with_context(|| format!("bad log filter {directives:?}"))?;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log_level))
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()
