@@ -42,18 +42,20 @@ fn measure(kernel_events: bool, rescan: Duration, rounds: usize) -> (Vec<Duratio
             .unwrap();
         wait("Healthy").await.unwrap();
         let (mut downs, mut ups) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
+        // Out of step with the tick, spread evenly over its period: a real
+        // link fails at any moment (a fixed pause would lock onto its phase).
+        let pause = |i: usize| Duration::from_millis(((i * 379 + 113) % 1000) as u64);
+        for i in 0..rounds {
+            tokio::time::sleep(pause(2 * i)).await;
             let t = Instant::now();
             veth.set_peer(false).unwrap();
             wait("Unhealthy").await.unwrap();
             downs.push(t.elapsed());
-            // Not in step with the tick: a real link fails at any moment.
-            tokio::time::sleep(Duration::from_millis(37)).await;
+            tokio::time::sleep(pause(2 * i + 1)).await;
             let t = Instant::now();
             veth.set_peer(true).unwrap();
             wait("Healthy").await.unwrap();
             ups.push(t.elapsed());
-            tokio::time::sleep(Duration::from_millis(53)).await;
         }
         h.shutdown().await;
         (downs, ups)

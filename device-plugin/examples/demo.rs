@@ -81,6 +81,9 @@ async fn demo() -> anyhow::Result<Vec<String>> {
     opts.kubelet_dir = kubelet_dir.clone();
     opts.devinfo_dir = devinfo_dir.clone();
     opts.cdi_dir = work.path().join("cdi");
+    // A fixture tree sends no kernel events: rescan as often as a node
+    // without them would, so the deleted pod's files go within a second.
+    opts.rescan_interval = plugin::FALLBACK_RESCAN;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let plugin = tokio::spawn(plugin::run(opts, async move {
         let _ = stopped.await;

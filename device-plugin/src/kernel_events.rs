@@ -258,11 +258,7 @@ impl Drop for Listener {
     }
 }
 
-fn open(
-    protocol: isize,
-    groups: &[u32],
-    what: &'static str,
-) -> Result<TokioSocket, EventsError> {
+fn open(protocol: isize, groups: &[u32], what: &'static str) -> Result<TokioSocket, EventsError> {
     let fail = |source| EventsError { what, source };
     let mut sock = TokioSocket::new(protocol).map_err(fail)?;
     let s = sock.socket_mut();
@@ -347,11 +343,21 @@ async fn listen(
         let concerns = {
             let interest = interest.borrow();
             match kind {
-                Kind::Uevent => {
-                    parse_uevent(&buf).is_some_and(|ev| uevent_concerns(&ev, &interest))
-                }
+                Kind::Uevent => match parse_uevent(&buf) {
+                    Some(ev) if uevent_concerns(&ev, &interest) => {
+                        tracing::debug!(action = %ev.action, devpath = %ev.devpath, subsystem = %ev.subsystem, "uevent; rescanning");
+                        true
+                    }
+                    _ => false,
+                },
                 Kind::Link => match parse_links(&buf) {
-                    Ok(evs) => evs.iter().any(|ev| link_concerns(ev, &interest)),
+                    Ok(evs) => match evs.iter().find(|ev| link_concerns(ev, &interest)) {
+                        Some(ev) => {
+                            tracing::debug!(change = ?ev.change, ifindex = ev.ifindex, name = ?ev.name, "link event; rescanning");
+                            true
+                        }
+                        None => false,
+                    },
                     Err(e) => {
                         tracing::debug!(error = %e, "undecodable link event; rescanning");
                         true
@@ -373,7 +379,10 @@ mod tests {
 
     fn interest() -> Interest {
         Interest {
-            names: ["ens1f0v1", "ens1f0"].into_iter().map(String::from).collect(),
+            names: ["ens1f0v1", "ens1f0"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
             ifindexes: [7].into_iter().collect(),
         }
     }
@@ -430,7 +439,8 @@ mod tests {
     #[test]
     fn which_uevents_concern_us() {
         let i = interest();
-        let concerns = |fields: &[&str]| uevent_concerns(&parse_uevent(&uevent(fields)).unwrap(), &i);
+        let concerns =
+            |fields: &[&str]| uevent_concerns(&parse_uevent(&uevent(fields)).unwrap(), &i);
         // A VF appears (sriov_numvfs), a driver binds, numvfs changes.
         assert!(concerns(&[
             "ACTION=add",
@@ -521,7 +531,11 @@ mod tests {
             ],
             false,
         );
-        buf.extend(link_msg(13, vec![LinkAttribute::IfName("veth9".into())], true));
+        buf.extend(link_msg(
+            13,
+            vec![LinkAttribute::IfName("veth9".into())],
+            true,
+        ));
         let evs = parse_links(&buf).unwrap();
         assert_eq!(
             evs,

@@ -72,10 +72,18 @@ fn veth_link_down_and_up_reach_list_and_watch_within_100ms_and_idle_does_no_work
             .unwrap();
             let up = t.elapsed();
             eprintln!("round {round}: down seen after {down:?}, up after {up:?}");
-            assert!(down < WITHIN, "link down reached the kubelet after {down:?}");
+            assert!(
+                down < WITHIN,
+                "link down reached the kubelet after {down:?}"
+            );
             assert!(up < WITHIN, "link up reached the kubelet after {up:?}");
         }
-        assert!(h.counters.kernel_events.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        assert!(
+            h.counters
+                .kernel_events
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+        );
         h.shutdown().await;
     });
 }

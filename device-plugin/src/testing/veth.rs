@@ -103,7 +103,22 @@ impl VethHost {
             peer,
             holder,
         };
-        v.ip(&["link", "add", ifname, "type", "veth", "peer", "name", &v.peer])?;
+        // No IPv6: its link-local address (and DAD finishing a second
+        // later) would be address events on the VF netdev at "idle".
+        let out = Command::new("ip")
+            .args(["netns", "exec", &v.netns, "sh", "-c"])
+            .arg("echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6")
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "disabling IPv6 in {}: {}",
+                v.netns,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        v.ip(&[
+            "link", "add", ifname, "type", "veth", "peer", "name", &v.peer,
+        ])?;
         v.ip(&["link", "set", ifname, "up"])?;
         v.ip(&["link", "set", &v.peer, "up"])?;
         let real = v.real_dir();
