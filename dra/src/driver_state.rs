@@ -51,8 +51,9 @@ pub struct DriverState {
     claims: Arc<dyn ClaimSource>,
     inventory: RwLock<Arc<Inventory>>,
     checkpoint_path: PathBuf,
-    /// Held across a whole prepare or unprepare: the kubelet may call
-    /// concurrently, and two claims must never race for one device.
+    /// Held from planning to the checkpoint save of a prepare, and across an
+    /// unprepare: the kubelet may call concurrently, and two claims must
+    /// never race for one device.
     checkpoint: tokio::sync::Mutex<Checkpoint>,
 }
 
@@ -120,12 +121,18 @@ impl DriverState {
             source,
         };
         prepare::check_uid(&claim.uid).map_err(plan_err)?;
+        if let Some(done) = self.checkpoint.lock().await.claims.get(&claim.uid) {
+            return Ok(done.devices.clone());
+        }
+        // The API call runs without the lock: a slow API server must not
+        // hold up other claims' unprepare.
+        let rc = self.claims.get(claim).await?;
+        let alloc = allocation_of(claim, &rc)?;
         let mut cp = self.checkpoint.lock().await;
+        // Prepared meanwhile by a concurrent call for the same claim.
         if let Some(done) = cp.claims.get(&claim.uid) {
             return Ok(done.devices.clone());
         }
-        let rc = self.claims.get(claim).await?;
-        let alloc = allocation_of(claim, &rc)?;
         let plan = prepare::plan(
             claim,
             &alloc,

@@ -40,6 +40,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct InMemoryClaims {
     claims: Mutex<BTreeMap<(String, String), ResourceClaim>>,
     gets: Mutex<u64>,
+    delay: Mutex<Duration>,
 }
 
 impl InMemoryClaims {
@@ -55,6 +56,11 @@ impl InMemoryClaims {
         lock(&self.claims).remove(&(namespace.to_string(), name.to_string()));
     }
 
+    /// Every GET takes this long from now on (a slow API server).
+    pub fn set_delay(&self, d: Duration) {
+        *lock(&self.delay) = d;
+    }
+
     /// GETs served so far.
     pub fn gets(&self) -> u64 {
         *lock(&self.gets)
@@ -64,6 +70,8 @@ impl InMemoryClaims {
 #[tonic::async_trait]
 impl ClaimSource for InMemoryClaims {
     async fn get(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
+        let delay = *lock(&self.delay);
+        tokio::time::sleep(delay).await;
         *lock(&self.gets) += 1;
         lock(&self.claims)
             .get(&(claim.namespace.clone(), claim.name.clone()))

@@ -664,3 +664,67 @@ async fn wait_writes(kubelet: &KubeletDraStandIn, p: &RecordingPublisher, n: u64
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn concurrent_prepares_never_share_a_device_and_a_slow_api_blocks_no_unprepare() {
+    let rig = Rig::new();
+    let plugin = rig.plugin().await;
+    let a = rig.claim(
+        "a",
+        "6c1d3e0a-0000-4000-8000-0000000000c1",
+        &[("vf", "vf-0000-3b-00-2")],
+        &[],
+    );
+    let b = rig.claim(
+        "b",
+        "6c1d3e0a-0000-4000-8000-0000000000c2",
+        &[("vf", "vf-0000-3b-00-2")],
+        &[],
+    );
+    let s = &plugin.state;
+    // The same claim twice at once: one preparation, one answer.
+    let (x, y) = tokio::join!(s.prepare(&a), s.prepare(&a));
+    assert_eq!(x.unwrap(), y.unwrap());
+    s.unprepare(&a).await.unwrap();
+    // Two claims for one VF at the same time: exactly one gets it.
+    let (x, y) = tokio::join!(s.prepare(&a), s.prepare(&b));
+    assert!(
+        x.is_ok() != y.is_ok(),
+        "exactly one gets the VF: {x:?} {y:?}"
+    );
+    let loser = if x.is_ok() { y } else { x };
+    assert!(
+        loser
+            .unwrap_err()
+            .to_string()
+            .contains("is already prepared for claim")
+    );
+    // A slow API server: an unprepare runs while a prepare waits on its GET.
+    let prepared = s.prepared_claims().await;
+    let c = rig.claim(
+        "c",
+        "6c1d3e0a-0000-4000-8000-0000000000c3",
+        &[("vf", "vf-0000-3b-00-3")],
+        &[],
+    );
+    rig.claims.set_delay(Duration::from_secs(2));
+    let gone = ClaimRef {
+        namespace: "default".into(),
+        name: "x".into(),
+        uid: prepared[0].clone(),
+    };
+    let started = std::time::Instant::now();
+    let (p, u) = tokio::join!(s.prepare(&c), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = s.unprepare(&gone).await;
+        (r, started.elapsed())
+    });
+    p.unwrap();
+    u.0.unwrap();
+    assert!(
+        u.1 < Duration::from_secs(1),
+        "unprepare waited for the GET: {:?}",
+        u.1
+    );
+    plugin.stop().await;
+}
