@@ -514,6 +514,10 @@ mod tests {
         } else {
             RouteNetlinkMessage::NewLink(m)
         };
+        emit(inner)
+    }
+
+    fn emit(inner: RouteNetlinkMessage) -> Vec<u8> {
         let mut msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(inner));
         msg.finalize();
         let mut buf = vec![0u8; msg.buffer_len()];
@@ -536,6 +540,9 @@ mod tests {
             vec![LinkAttribute::IfName("veth9".into())],
             true,
         ));
+        let mut addr = rtnetlink::packet_route::address::AddressMessage::default();
+        addr.header.index = 12;
+        buf.extend(emit(RouteNetlinkMessage::NewAddress(addr)));
         let evs = parse_links(&buf).unwrap();
         assert_eq!(
             evs,
@@ -550,6 +557,12 @@ mod tests {
                     change: Change::DelLink,
                     ifindex: 13,
                     name: Some("veth9".into()),
+                    parent_bus: None,
+                },
+                LinkEvent {
+                    change: Change::Address,
+                    ifindex: 12,
+                    name: None,
                     parent_bus: None,
                 }
             ]

@@ -126,6 +126,26 @@ fn help_names_every_root_flag() {
     }
 }
 
+/// Kernel events drive rescans; `--rescan-ms` is the slow safety rescan,
+/// 30 s by default, 100 ms .. 1 h.
+#[test]
+fn rescan_ms_is_a_safety_interval_with_a_range() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let at = help.find("--rescan-ms").expect("--rescan-ms in --help");
+    let entry = &help[at..help[at..].find("\n\n").map_or(help.len(), |e| at + e)];
+    assert!(entry.contains("[default: 30000]"), "{entry}");
+    for bad in ["50", "3600001"] {
+        let out = Command::new(BIN)
+            .args(["--rescan-ms", bad, "discover"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--rescan-ms {bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--rescan-ms") && err.contains(bad), "{err}");
+    }
+}
+
 /// `KROCE_LOG_LEVEL=debug` is debug for kroce's crates, not for h2, hyper
 /// and tower (one registration used to print ~90 lines of HTTP/2 frames).
 /// Runs the real binary against the kubelet stand-ins until SIGTERM.
@@ -180,6 +200,13 @@ async fn debug_level_is_for_kroce_crates_only() {
     assert!(out.status.success(), "{:?}\n{log}", out.status);
     assert!(log.contains("DEBUG"), "no kroce debug line:\n{log}");
     assert!(log.contains("ListAndWatch stream opened"), "{log}");
+    // Event sockets need no privilege: the short tick asked for is kept.
+    assert!(
+        log.lines().any(|l| l.contains("watching the host")
+            && l.contains("kernel_events=true")
+            && l.contains("rescan_ms=200")),
+        "{log}"
+    );
     let foreign: Vec<&str> = log
         .lines()
         .filter(|l| {
