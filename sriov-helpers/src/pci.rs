@@ -4,7 +4,7 @@
 use crate::cpulist::CpuList;
 use crate::error::{HostError, ParseError};
 use crate::root::HostRoot;
-use crate::sysfs_io::{SysDir, dir_names, link_name};
+use crate::sysfs_io::{SysDir, dir_names};
 use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
@@ -291,12 +291,18 @@ fn read_physfn(
         return Ok(Some(VfOf { pf, index: None }));
     }
     // The VF index is whichever `virtfnN` of the PF points back at us.
-    let pf_dir = dev_dir(root, &pf);
+    let pf_dir = match SysDir::open(&dev_dir(root, &pf), "PCI device") {
+        Ok(d) => d,
+        // A PF gone or dangling leaves the index unknown, not the VF unread.
+        Err(e) if e.is_not_found() => return Ok(Some(VfOf { pf, index: None })),
+        Err(e) => return Err(e),
+    };
+    let me = addr.to_string();
     let mut index = None;
-    for name in dir_names(&pf_dir)? {
+    for name in pf_dir.dir_names(".")? {
         if let Some(n) = name.strip_prefix("virtfn")
-            && let Ok(Some(t)) = link_name(&pf_dir.join(&name))
-            && t == addr.to_string()
+            && let Ok(Some(t)) = pf_dir.link_name(&name)
+            && t == me
         {
             index = n.parse().ok();
             break;

@@ -217,7 +217,9 @@ impl SysDir {
         })
     }
 
-    /// See [`link_name`].
+    /// The final path component of a symlink's target (`driver` ->
+    /// `mlx5_core`). `Ok(None)` when the link does not exist; an error when
+    /// it dangles.
     pub(crate) fn link_name(&self, name: &str) -> Result<Option<String>, HostError> {
         let target = match link_at(self.fd.as_fd(), Path::new(name)) {
             Ok(t) => t,
@@ -289,24 +291,6 @@ pub(crate) fn parse_num<T: std::str::FromStr>(
     let s = read_string(path)?;
     s.parse::<T>()
         .map_err(|_| malformed(path.to_path_buf(), what, s))
-}
-
-/// The final path component of a symlink's target (`driver` -> `mlx5_core`).
-/// `Ok(None)` when the link does not exist; an error when it dangles.
-pub(crate) fn link_name(path: &Path) -> Result<Option<String>, HostError> {
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Ok(None);
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    match SysDir::open(parent, "directory") {
-        Ok(dir) => dir.link_name(&name.to_string_lossy()),
-        Err(HostError::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// Sorted names of the entries of a directory; `Ok(vec![])` when it is absent.

@@ -301,3 +301,14 @@ fn gid_tables_are_read_on_demand_and_a_bad_gid_names_its_file() {
         Some((5, Ipv4Addr::new(10, 56, 0, 9)))
     );
 }
+
+#[test]
+fn one_vf_read_alone_finds_its_index_on_the_pf() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let root = fx.root();
+    let vf = sriov_helpers::pci::read_pci_device(&root, addr("0000:3b:01.0")).unwrap();
+    let of = vf.physfn.unwrap();
+    assert_eq!((of.pf, of.index), (addr("0000:3b:00.0"), Some(6)));
+    assert_eq!(vf.netdevs, vec!["ens1f0v6"]);
+    assert_eq!(vf.rdma_devices, vec!["mlx5_7"]);
+}
