@@ -127,7 +127,7 @@ def main():
     if test_ns is not None and not any(
             s.endswith("-operator") and sc == test_ns for s, sc in who_can("", "pods", "create")):
         errors.append(f"the operator may not create pods in the perftest namespace {test_ns!r}")
-    for verb in ("list", "delete"):
+    for verb in ("list", "watch", "delete"):
         if test_ns is not None and not any(sc == test_ns for _, sc in who_can("", "pods", verb)):
             errors.append(f"the operator may not {verb} pods in the perftest namespace {test_ns!r}")
     if test_ns is not None and not any(sc == test_ns for _, sc in who_can("", "pods/log", "get")):

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+pub use kroce_operator::names::MULTUS_NETWORK_STATUS_ANNOTATION as NETWORK_STATUS_ANNOTATION;
 
 pub trait VfHolders: Send + Sync {
     /// `namespace/name` of the pods holding the VF at this PCI address.

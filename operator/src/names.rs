@@ -30,6 +30,13 @@ pub const ADMISSION_NETWORK_LABEL: &str = "kroce.io/admission-network";
 /// On admission perftest pods: server or client.
 pub const ADMISSION_ROLE_LABEL: &str = "kroce.io/admission-role";
 
+/// Multus: the attachments a pod asks for.
+pub const MULTUS_NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// Multus: the attachments a pod got (interfaces, IPs, device info).
+pub const MULTUS_NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+/// Multus: on a NetworkAttachmentDefinition, the device plugin resource.
+pub const MULTUS_RESOURCE_ANNOTATION: &str = "k8s.v1.cni.cncf.io/resourceName";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -167,6 +167,10 @@ pub struct RdmaNodeStateStatus {
     pub sync_state: SyncState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// When the node agent last wrote this status: on every change of what
+    /// it found, and at least every `--heartbeat-seconds` (default 300, at
+    /// the next resync) while it runs; older than that plus the resync
+    /// means the agent is not running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
     /// Number of spec PFs configured as asked.

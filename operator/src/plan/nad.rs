@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Multus's annotation tying an attachment to a device plugin resource.
-pub const RESOURCE_ANNOTATION: &str = "k8s.v1.cni.cncf.io/resourceName";
+pub use crate::names::MULTUS_RESOURCE_ANNOTATION as RESOURCE_ANNOTATION;
 
 /// The Multus CRD, only as far as kroce writes it.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -1,0 +1,304 @@
+//! What admission records and marks: `status.admission[]` entries on the
+//! node state (own field manager), the taint and ready label on the Node.
+
+/// The condition in each `status.admission[]` entry.
+pub const ADMITTED_CONDITION: &str = "Admitted";
+
+use super::events::node_event;
+use super::world::World;
+use crate::{Context, Error};
+use k8s_openapi::api::core::v1::Node;
+use kroce_admission::lifecycle::{
+    self, AdmissionPhase, NodeAdmission, READY_LABEL_KEY, UNREADY_TAINT_KEY,
+};
+use kroce_operator::crd::admission::{AdmissionResult, NetworkAdmission, rfc3339};
+use kroce_operator::crd::conditions::stamp_transitions;
+use kroce_operator::crd::{AdmissionGate, Condition, RdmaNodeState};
+use kroce_operator::names::ADMISSION_MANAGER;
+use kroce_operator::plan::ClusterPlan;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use std::collections::BTreeMap;
+
+pub(crate) fn entries_of(state: &RdmaNodeState) -> &[NetworkAdmission] {
+    state
+        .status
+        .as_ref()
+        .map_or(&[], |s| s.admission.as_slice())
+}
+
+/// The state machine's record of a node for a network (Pending when none
+/// or unreadable).
+pub(crate) fn stored(entries: &[NetworkAdmission], network: &str) -> NodeAdmission {
+    entries
+        .iter()
+        .find(|e| e.network == network)
+        .map(record)
+        .unwrap_or_default()
+}
+
+pub(crate) fn record(e: &NetworkAdmission) -> NodeAdmission {
+    serde_json::from_value(e.state.clone()).unwrap_or_default()
+}
+
+pub(crate) fn phase_name(p: &AdmissionPhase) -> &'static str {
+    match p {
+        AdmissionPhase::Pending => "Pending",
+        AdmissionPhase::Testing { .. } => "Testing",
+        AdmissionPhase::Admitted { .. } => "Admitted",
+        AdmissionPhase::Failed { .. } => "Failed",
+    }
+}
+
+/// The status entry for one network from the state machine's record.
+pub fn entry_for(
+    network: &str,
+    adm: &NodeAdmission,
+    previous: Option<&NetworkAdmission>,
+    now: &str,
+) -> NetworkAdmission {
+    let last = adm.last_result.as_ref().map(AdmissionResult::from_record);
+    let (status, reason, message) = match &adm.phase {
+        AdmissionPhase::Admitted { at } if at.without_test => (
+            true,
+            "AdmittedWithoutTest",
+            "admission testing is disabled: admitted on configuration alone".to_string(),
+        ),
+        AdmissionPhase::Admitted { .. } => (
+            true,
+            "PerftestsPassed",
+            last.as_ref().map(|l| l.message.clone()).unwrap_or_default(),
+        ),
+        AdmissionPhase::Testing {
+            run,
+            previously_admitted,
+        } => (
+            previously_admitted.is_some(),
+            if previously_admitted.is_some() {
+                "Retesting"
+            } else {
+                "Testing"
+            },
+            format!(
+                "perftests against {} (run {}, deadline {})",
+                run.peer_of(run.subjects.first().map_or("", String::as_str)),
+                run.id,
+                rfc3339(run.deadline)
+            ),
+        ),
+        AdmissionPhase::Failed {
+            reason, retry_at, ..
+        } => (
+            false,
+            "PerftestsFailed",
+            format!("{reason} (retry at {})", rfc3339(*retry_at)),
+        ),
+        AdmissionPhase::Pending => (
+            false,
+            "Pending",
+            adm.waiting
+                .clone()
+                .unwrap_or_else(|| "waiting for a test run".into()),
+        ),
+    };
+    let mut conditions = vec![Condition::new(ADMITTED_CONDITION, status, reason, message)];
+    stamp_transitions(
+        previous.map_or(&[], |p| p.conditions.as_slice()),
+        &mut conditions,
+        now,
+    );
+    let message = adm.waiting.clone().or_else(|| match &adm.phase {
+        AdmissionPhase::Failed { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
+    NetworkAdmission {
+        network: network.to_string(),
+        phase: phase_name(&adm.phase).into(),
+        schedulable: lifecycle::is_ready(&adm.phase),
+        message,
+        last_result: last,
+        conditions,
+        state: serde_json::to_value(adm).unwrap_or_default(),
+    }
+}
+
+/// `Admitted` when every network admits the node; otherwise the phase
+/// that needs attention first.
+pub fn summary_phase(entries: &[NetworkAdmission]) -> String {
+    for p in ["Failed", "Testing", "Pending"] {
+        if entries.iter().any(|e| e.phase == p) {
+            return p.into();
+        }
+    }
+    if entries.is_empty() {
+        "NotSelected".into()
+    } else {
+        "Admitted".into()
+    }
+}
+
+/// (taint wanted, label wanted) for a node: ready when every selecting
+/// network admits it; the taint while not ready if any of them gates by
+/// taint, the label once ready if any gates by label.
+pub fn desired_marks(
+    selected: &[String],
+    gates: &BTreeMap<String, AdmissionGate>,
+    entries: &[NetworkAdmission],
+) -> (bool, bool) {
+    if selected.is_empty() {
+        return (false, false);
+    }
+    let ready = selected
+        .iter()
+        .all(|n| entries.iter().any(|e| e.network == *n && e.schedulable));
+    let uses = |g: AdmissionGate| {
+        selected
+            .iter()
+            .any(|n| gates.get(n).copied().unwrap_or_default() == g)
+    };
+    (
+        uses(AdmissionGate::Taint) && !ready,
+        uses(AdmissionGate::Label) && ready,
+    )
+}
+
+pub(crate) fn has_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == UNREADY_TAINT_KEY))
+}
+
+pub(crate) fn has_label(node: &Node) -> bool {
+    node.labels().get(READY_LABEL_KEY).map(String::as_str) == Some("true")
+}
+
+/// Writes each node's `status.admission` that changed (entries of
+/// networks no longer selecting the node dropped), then the marks.
+pub(crate) async fn persist_and_mark(
+    ctx: &Context,
+    plan: &ClusterPlan,
+    world: &World,
+    mut entries: BTreeMap<String, Vec<NetworkAdmission>>,
+) -> Result<(), Error> {
+    let selected: BTreeMap<&str, &[String]> = plan
+        .nodes
+        .iter()
+        .map(|n| (n.node.as_str(), n.selected.as_slice()))
+        .collect();
+    let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
+    for (node, list) in entries.iter_mut() {
+        let sel = selected.get(node.as_str()).copied().unwrap_or(&[]);
+        list.retain(|e| sel.contains(&e.network));
+        let Some(state) = world.states.get(node) else {
+            continue;
+        };
+        let before = entries_of(state);
+        let phase = summary_phase(list);
+        let had_phase = state
+            .status
+            .as_ref()
+            .and_then(|s| s.admission_phase.clone());
+        if before == list.as_slice()
+            && (had_phase.as_deref() == Some(phase.as_str())
+                || (before.is_empty() && had_phase.is_none()))
+        {
+            continue;
+        }
+        let body = json!({
+            "apiVersion": "kroce.io/v1alpha1",
+            "kind": "RdmaNodeState",
+            "status": {"admission": list, "admissionPhase": phase},
+        });
+        api.patch_status(
+            node,
+            &PatchParams::apply(ADMISSION_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    }
+    let empty: Vec<NetworkAdmission> = Vec::new();
+    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
+    for node in &world.nodes {
+        let name = node.name_any();
+        let sel = selected.get(name.as_str()).copied().unwrap_or(&[]);
+        let list = entries.get(&name).unwrap_or(&empty);
+        let (want_taint, want_label) = desired_marks(sel, &world.gates, list);
+        if want_taint != has_taint(node) {
+            let mut taints: Vec<serde_json::Value> = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key != UNREADY_TAINT_KEY)
+                .map(|t| serde_json::to_value(t).unwrap_or_default())
+                .collect();
+            if want_taint {
+                taints.push(json!({"key": UNREADY_TAINT_KEY, "effect": "NoSchedule"}));
+            }
+            // resourceVersion: a concurrent taint change fails (409) instead of being lost.
+            let patch = json!({
+                "metadata": {"resourceVersion": node.resource_version()},
+                "spec": {"taints": taints},
+            });
+            nodes_api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let (reason, note) = if want_taint {
+                (
+                    "RdmaUnready",
+                    format!(
+                        "tainted {UNREADY_TAINT_KEY}:NoSchedule: not every RDMA network has admitted the node"
+                    ),
+                )
+            } else {
+                (
+                    "RdmaReady",
+                    format!(
+                        "removed taint {UNREADY_TAINT_KEY}: admitted by every RDMA network selecting it"
+                    ),
+                )
+            };
+            node_event(ctx, &name, EventType::Normal, reason, note).await;
+        }
+        if want_label != has_label(node) {
+            let value = if want_label {
+                json!("true")
+            } else {
+                json!(null)
+            };
+            let patch = json!({"metadata": {"labels": {READY_LABEL_KEY: value}}});
+            nodes_api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let (reason, note) = if want_label {
+                (
+                    "RdmaReady",
+                    format!(
+                        "labelled {READY_LABEL_KEY}=true: admitted by every RDMA network selecting it"
+                    ),
+                )
+            } else {
+                (
+                    "RdmaUnready",
+                    format!(
+                        "removed label {READY_LABEL_KEY}: not every RDMA network has admitted the node"
+                    ),
+                )
+            };
+            node_event(ctx, &name, EventType::Normal, reason, note).await;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn current_entries(world: &World) -> BTreeMap<String, Vec<NetworkAdmission>> {
+    world
+        .states
+        .iter()
+        .map(|(n, s)| (n.clone(), entries_of(s).to_vec()))
+        .collect()
+}

@@ -1,0 +1,579 @@
+//! Perftest admission, cluster side: no node serves a network's RDMA pods
+//! until it has passed perftests against another node (or, with
+//! `admission.enabled: false` or no `admission` block, until its NIC
+//! configuration is applied).
+//!
+//! Each reconcile of a network builds `kroce_admission::lifecycle`'s input
+//! from the nodes it selects (their node states, the test pods, the
+//! results in those pods' logs), calls `plan`, and carries out the
+//! actions: test pods created and deleted, results and conditions
+//! recorded in `RdmaNodeState.status.admission` (field manager
+//! `kroce-admission`, not the node agent's), events on the Node. The taint
+//! `kroce.io/rdma-unready:NoSchedule` / label `kroce.io/rdma-ready=true`
+//! follow every network selecting the node: ready only when all admit it.
+//!
+//! One admission pass runs at a time (a lock in the settings), so two
+//! networks never test the same node at once: a node in another
+//! network's run is left out of this network's plan until that run ends.
+//!
+//! This module is the orchestration; by concern: [`settings`] (flags),
+//! [`pools`] (pool gating), [`pods`] (perftest pod templates and calls),
+//! [`marks`] (records, taint and label), [`multus`] (pod annotations),
+//! `world` (what a pass reads, from the stores), `events`.
+
+mod events;
+mod marks;
+mod multus;
+mod pods;
+mod pools;
+mod settings;
+mod world;
+
+use events::{network_event, node_event};
+pub use marks::*;
+pub use multus::*;
+pub use pods::*;
+pub use pools::*;
+pub use settings::*;
+use world::{World, list_world};
+
+use super::{Context, Error};
+use k8s_openapi::api::core::v1::Pod;
+use kroce_admission::lifecycle::{
+    self, Action as Step, AdmissionInput, AdmissionPhase, NodeAdmission, NodeView, RunOutcome,
+    TestRun,
+};
+use kroce_admission::pod_run::{self, Role};
+use kroce_operator::crd::admission::{NetworkAdmission, rfc3339};
+use kroce_operator::crd::{AdmissionGate, AdmissionSpec, RdmaNetwork};
+use kroce_operator::names::{ADMISSION_NETWORK_LABEL, ADMISSION_ROLE_LABEL, ADMISSION_RUN_LABEL};
+use kroce_operator::plan::ClusterPlan;
+use kroce_operator::plan::nad::NetworkAttachmentDefinition;
+use kube::api::DeleteParams;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// Runs in progress are looked at this often (besides test pod events).
+const POLL: Duration = Duration::from_secs(5);
+/// Waiting for a slot or a peer: the end of another run frees it.
+const WAIT: Duration = Duration::from_secs(30);
+const IDLE: Duration = Duration::from_secs(300);
+
+/// When the next look is due.
+fn wake_after(nodes: &BTreeMap<String, NodeAdmission>, spec: &AdmissionSpec, now: u64) -> Duration {
+    let mut wake = IDLE;
+    for n in nodes.values() {
+        let due = match &n.phase {
+            AdmissionPhase::Testing { .. } => POLL,
+            AdmissionPhase::Failed { retry_at, .. } => {
+                Duration::from_secs(retry_at.saturating_sub(now).max(1))
+            }
+            AdmissionPhase::Admitted { at } if !at.without_test => {
+                match spec.retest_interval_seconds {
+                    Some(every) => {
+                        Duration::from_secs(at.at.saturating_add(every).saturating_sub(now).max(1))
+                    }
+                    None => IDLE,
+                }
+            }
+            AdmissionPhase::Pending if n.waiting.is_some() => WAIT,
+            _ => IDLE,
+        };
+        wake = wake.min(due);
+    }
+    wake
+}
+
+// ---------------------------------------------------------------------------
+// API edges.
+/// The outcome of a run from its pods, when it has one.
+async fn outcome(
+    api: &Api<Pod>,
+    spec: &AdmissionSpec,
+    server: Option<&Pod>,
+    client: Option<&Pod>,
+) -> Option<RunOutcome> {
+    let failed = |p: &Pod| pod_phase(p) == "Failed";
+    let why_failed = |p: &Pod, role: Role, log: &str| {
+        if log.trim().is_empty() {
+            let st = p.status.as_ref();
+            let reason = st.and_then(|s| s.reason.clone()).unwrap_or_default();
+            let msg = st.and_then(|s| s.message.clone()).unwrap_or_default();
+            format!("{} pod failed: {reason} {msg}", role.as_str())
+                .trim()
+                .to_string()
+        } else {
+            pod_run::failure_message(role, log)
+        }
+    };
+    if let Some(c) = client {
+        if pod_phase(c) == "Succeeded" {
+            let server_log = match server {
+                Some(s) if pod_phase(s) != "Pending" => pod_log(api, &s.name_any()).await.ok(),
+                _ => None,
+            };
+            return Some(match pod_log(api, &c.name_any()).await {
+                Ok(log) => pod_run::judge(
+                    &log,
+                    server_log.as_deref(),
+                    spec.bandwidth_spec().tool,
+                    spec.latency_spec().tool,
+                    &spec.thresholds(),
+                ),
+                Err(e) => RunOutcome::error(format!(
+                    "cannot read the client pod's log: {}",
+                    super::api_error_text(&e)
+                )),
+            });
+        }
+        if failed(c) {
+            let log = pod_log(api, &c.name_any()).await.unwrap_or_default();
+            return Some(RunOutcome::error(why_failed(c, Role::Client, &log)));
+        }
+    }
+    if let Some(s) = server
+        && failed(s)
+    {
+        let log = pod_log(api, &s.name_any()).await.unwrap_or_default();
+        return Some(RunOutcome::error(why_failed(s, Role::Server, &log)));
+    }
+    None
+}
+
+/// Plans and carries out one network's admission; updates `entries`
+/// (per node) with the network's new records. Returns when to look again.
+async fn run_network(
+    ctx: &Context,
+    net: &RdmaNetwork,
+    spec: &AdmissionSpec,
+    plan: &ClusterPlan,
+    world: &World,
+    entries: &mut BTreeMap<String, Vec<NetworkAdmission>>,
+    now: u64,
+) -> Result<Duration, Error> {
+    let name = net.name_any();
+    let resource = net.spec.full_resource_name(&name);
+    let settings = &ctx.admission;
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &settings.test_namespace);
+    let empty: &[NetworkAdmission] = &[];
+
+    // Nodes in another network's run sit this one out until it ends.
+    let mut elsewhere = BTreeSet::new();
+    let mut here = BTreeSet::new();
+    for e in entries.values().flatten() {
+        if let AdmissionPhase::Testing { run, .. } = record(e).phase {
+            let set = if e.network == name {
+                &mut here
+            } else {
+                &mut elsewhere
+            };
+            set.insert(run.server_node);
+            set.insert(run.client_node);
+        }
+    }
+    let mut views = Vec::new();
+    for np in plan.nodes.iter().filter(|n| n.selected.contains(&name)) {
+        if elsewhere.contains(&np.node) && !here.contains(&np.node) {
+            continue;
+        }
+        let state = world.states.get(&np.node);
+        let (config_generation, config_in_sync) = config_view(np, state, &name);
+        let marked_ready = world
+            .nodes
+            .iter()
+            .find(|n| n.name_any() == np.node)
+            .map(|n| match spec.gate {
+                AdmissionGate::Taint => !has_taint(n),
+                AdmissionGate::Label => has_label(n),
+            });
+        views.push(NodeView {
+            name: np.node.clone(),
+            admission: stored(entries.get(&np.node).map_or(empty, Vec::as_slice), &name),
+            config_generation,
+            config_in_sync,
+            marked_ready,
+        });
+    }
+
+    // Finished runs, from their pods.
+    let mut by_run: BTreeMap<&str, (Option<&Pod>, Option<&Pod>)> = BTreeMap::new();
+    for p in &world.pods {
+        let Some(run) = label(p, ADMISSION_RUN_LABEL) else {
+            continue;
+        };
+        let slot = by_run.entry(run).or_default();
+        match label(p, ADMISSION_ROLE_LABEL) {
+            Some("server") => slot.0 = Some(p),
+            Some("client") => slot.1 = Some(p),
+            _ => {}
+        }
+    }
+    let mut runs: BTreeMap<String, TestRun> = BTreeMap::new();
+    for v in &views {
+        if let AdmissionPhase::Testing { run, .. } = &v.admission.phase {
+            runs.insert(run.id.clone(), run.clone());
+        }
+    }
+    let mut outcomes = BTreeMap::new();
+    for id in runs.keys() {
+        let (server, client) = by_run.get(id.as_str()).copied().unwrap_or_default();
+        if let Some(o) = outcome(&pods_api, spec, server, client).await {
+            outcomes.insert(id.clone(), o);
+        }
+    }
+    // The concurrency limit is cluster-wide: runs of other networks count.
+    let testing_elsewhere = entries
+        .values()
+        .flatten()
+        .filter(|e| e.network != name)
+        .filter(|e| matches!(record(e).phase, AdmissionPhase::Testing { .. }))
+        .count() as u32;
+    let input = AdmissionInput {
+        testing_elsewhere,
+        nodes: views,
+        pod_runs: by_run.keys().map(|s| s.to_string()).collect(),
+        outcomes,
+        now,
+    };
+    let adm = match lifecycle::plan(&input, &spec.policy()) {
+        Ok(p) => p,
+        Err(e) => {
+            network_event(ctx, net, "InvalidAdmission", format!("spec.{e}")).await;
+            return Ok(IDLE);
+        }
+    };
+
+    let mut created: BTreeSet<String> = BTreeSet::new();
+    for step in &adm.actions {
+        match step {
+            Step::DeleteTestPods { run_id } => {
+                let names = world
+                    .pods
+                    .iter()
+                    .filter(|p| label(p, ADMISSION_RUN_LABEL) == Some(run_id.as_str()))
+                    .map(|p| p.name_any())
+                    .collect::<Vec<_>>();
+                for e in delete_pods(&pods_api, names.iter().map(String::as_str)).await {
+                    tracing::warn!(error = %e, run = %run_id, "cannot delete test pod");
+                }
+            }
+            Step::CreateTestPods { run } => {
+                let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
+                let r = match ensure_test_nad(ctx, net).await {
+                    Ok(()) => create_pod(&pods_api, &pod).await.map_err(Error::from),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => {
+                        created.insert(run.id.clone());
+                    }
+                    Err(e) => {
+                        node_event(
+                            ctx,
+                            &run.server_node,
+                            EventType::Warning,
+                            "AdmissionPodFailed",
+                            format!("cannot create test pod {}: {e}", pod.name_any()),
+                        )
+                        .await;
+                    }
+                }
+            }
+            Step::Event {
+                node,
+                event_type,
+                reason,
+                message,
+            } => {
+                let t = match event_type {
+                    lifecycle::EventType::Normal => EventType::Normal,
+                    lifecycle::EventType::Warning => EventType::Warning,
+                };
+                node_event(ctx, node, t, reason, format!("network {name}: {message}")).await;
+            }
+            // Recorded with the node's state below; marks follow every
+            // network at once (apply_marks).
+            Step::RecordResult { .. } | Step::MarkNode { .. } => {}
+        }
+    }
+
+    // Runs in progress: the client starts once the server has its address.
+    let mut advanced = BTreeSet::new();
+    for st in adm.nodes.values() {
+        let AdmissionPhase::Testing { run, .. } = &st.phase else {
+            continue;
+        };
+        if created.contains(&run.id) || !advanced.insert(run.id.clone()) {
+            continue;
+        }
+        let (server, client) = by_run.get(run.id.as_str()).copied().unwrap_or_default();
+        let result = match (server, client) {
+            (None, _) => {
+                let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
+                create_pod(&pods_api, &pod).await
+            }
+            (Some(s), None) => {
+                match attachment_ipv4(s, &settings.test_namespace, &test_nad_name(&name)) {
+                    Some(ip) if pod_phase(s) == "Running" => {
+                        let pod = test_pod(
+                            settings,
+                            &name,
+                            &resource,
+                            spec,
+                            run,
+                            Role::Client,
+                            Some(ip),
+                        )?;
+                        create_pod(&pods_api, &pod).await
+                    }
+                    _ => Ok(()),
+                }
+            }
+            (Some(_), Some(_)) => Ok(()),
+        };
+        if let Err(e) = result {
+            node_event(
+                ctx,
+                &run.client_node,
+                EventType::Warning,
+                "AdmissionPodFailed",
+                format!(
+                    "cannot create a test pod of run {}: {}",
+                    run.id,
+                    super::api_error_text(&e)
+                ),
+            )
+            .await;
+        }
+    }
+
+    let stamp = rfc3339(now);
+    for (node, adm_state) in &adm.nodes {
+        let list = entries.entry(node.clone()).or_default();
+        let previous = list.iter().find(|e| e.network == name);
+        let entry = entry_for(&name, adm_state, previous, &stamp);
+        list.retain(|e| e.network != name);
+        list.push(entry);
+        list.sort_by(|a, b| a.network.cmp(&b.network));
+    }
+    Ok(wake_after(&adm.nodes, spec, now))
+}
+
+/// Admission for one network, from its reconcile. Returns when the
+/// network should be looked at again.
+pub(crate) async fn reconcile_network(
+    ctx: &Context,
+    net: &RdmaNetwork,
+    plan: &ClusterPlan,
+) -> Result<Duration, Error> {
+    let settings = ctx.admission.clone();
+    let _one_at_a_time = settings.lock.lock().await;
+    let now = (settings.clock)();
+    let name = net.name_any();
+    let world = list_world(ctx, &format!("{ADMISSION_NETWORK_LABEL}={name}")).await?;
+    let mut entries = current_entries(&world);
+    let spec = AdmissionSpec::of(net.spec.admission.as_ref());
+    let mut wake = IDLE;
+    if !plan.invalid.contains_key(&name) && net.meta().deletion_timestamp.is_none() {
+        match spec.validate() {
+            Ok(()) => {
+                wake = run_network(ctx, net, &spec, plan, &world, &mut entries, now).await?;
+            }
+            Err(errors) => {
+                network_event(ctx, net, "InvalidAdmission", errors.join("; ")).await;
+            }
+        }
+    }
+    persist_and_mark(ctx, plan, &world, entries).await?;
+    Ok(wake)
+}
+
+/// A network is going: its test pods and test attachment definition, its
+/// entries in every node state; marks recomputed without it (`plan` is
+/// already planned without it). Absent objects are fine; other errors are
+/// collected and the first returned after everything was tried.
+pub(crate) async fn cleanup_network(
+    ctx: &Context,
+    net: &RdmaNetwork,
+    plan: &ClusterPlan,
+) -> Result<(), Error> {
+    let settings = ctx.admission.clone();
+    let _one_at_a_time = settings.lock.lock().await;
+    let name = net.name_any();
+    let world = list_world(ctx, &format!("{ADMISSION_NETWORK_LABEL}={name}")).await?;
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &settings.test_namespace);
+    let names: Vec<String> = world.pods.iter().map(|p| p.name_any()).collect();
+    let mut errors = delete_pods(&pods_api, names.iter().map(String::as_str)).await;
+    let nads: Api<NetworkAttachmentDefinition> =
+        Api::namespaced(ctx.client.clone(), &settings.test_namespace);
+    match nads
+        .delete(&test_nad_name(&name), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => errors.push(format!(
+            "attachment definition {}: {}",
+            test_nad_name(&name),
+            super::api_error_text(&e)
+        )),
+    }
+    let mut entries = current_entries(&world);
+    for list in entries.values_mut() {
+        list.retain(|e| e.network != name);
+    }
+    if let Err(e) = persist_and_mark(ctx, plan, &world, entries).await {
+        errors.push(e.to_string());
+    }
+    match errors.first() {
+        None => Ok(()),
+        Some(_) => {
+            for e in &errors {
+                tracing::warn!(error = %e, network = %name, "admission cleanup");
+            }
+            // Surface one as the reconcile error; the requeue retries the rest.
+            Err(Error::Admission(errors.join("; ")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kroce_operator::crd::{PfConfig, VfGroup};
+    use kroce_operator::crd::{RdmaNodeState, RdmaNodeStateSpec};
+    use kroce_operator::names::MULTUS_NETWORK_STATUS_ANNOTATION as NETWORK_STATUS_ANNOTATION;
+    use kroce_operator::plan::DevicePluginConfig;
+    use kroce_operator::plan::Pool;
+    use std::net::Ipv4Addr;
+
+    fn pf(network: &str, range: &str) -> PfConfig {
+        PfConfig {
+            pci_address: "0000:3b:00.0".into(),
+            if_name: "ens1f0".into(),
+            num_vfs: 8,
+            mtu: None,
+            vf_groups: vec![VfGroup {
+                network: network.into(),
+                resource_name: format!("rdma/{network}"),
+                vf_range: range.into(),
+                mtu: None,
+            }],
+            irq_affinity: Default::default(),
+            qos: None,
+        }
+    }
+
+    #[test]
+    fn generation_follows_only_the_networks_pfs() {
+        let mut spec = RdmaNodeStateSpec {
+            node_name: "n1".into(),
+            pfs: vec![pf("a", "0-3")],
+            ..Default::default()
+        };
+        let g = config_generation(&spec, "a").unwrap();
+        assert_eq!(config_generation(&spec, "b"), None);
+        let mut other = pf("b", "0-7");
+        other.pci_address = "0000:86:00.0".into();
+        spec.pfs.push(other);
+        assert_eq!(config_generation(&spec, "a"), Some(g), "another PF changed");
+        spec.pfs[0].mtu = Some(9000);
+        assert_ne!(config_generation(&spec, "a"), Some(g), "its own PF changed");
+    }
+
+    #[test]
+    fn marks_need_every_selecting_network() {
+        let adm = |network: &str, schedulable: bool| NetworkAdmission {
+            network: network.into(),
+            schedulable,
+            ..Default::default()
+        };
+        let gates = BTreeMap::from([
+            ("a".to_string(), AdmissionGate::Taint),
+            ("b".to_string(), AdmissionGate::Label),
+        ]);
+        let sel = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(
+            desired_marks(&sel, &gates, &[adm("a", true)]),
+            (true, false)
+        );
+        assert_eq!(
+            desired_marks(&sel, &gates, &[adm("a", true), adm("b", true)]),
+            (false, true)
+        );
+        assert_eq!(
+            desired_marks(&[], &gates, &[adm("a", false)]),
+            (false, false)
+        );
+        assert_eq!(summary_phase(&[]), "NotSelected");
+    }
+
+    #[test]
+    fn pools_wait_for_the_applied_node_state() {
+        let pool = |r: &str, pf: &str| Pool {
+            resource_name: r.into(),
+            mode: "exclusive".into(),
+            memlock: None,
+            selectors: kroce_operator::plan::Selectors {
+                pf_names: vec![pf.into()],
+                ..Default::default()
+            },
+        };
+        let desired = DevicePluginConfig {
+            pools: vec![pool("rdma/a", "ens1f0#0-3"), pool("rdma/b", "ens1f0#4-7")],
+        };
+        let spec = RdmaNodeStateSpec {
+            node_name: "n1".into(),
+            pfs: vec![pf("a", "0-3")],
+            ..Default::default()
+        };
+        let mut state = RdmaNodeState::new("n1", spec.clone());
+        state.metadata.generation = Some(2);
+        // Not applied yet, nothing advertised before: nothing.
+        assert_eq!(
+            advertised_pools(&desired, Some(&spec), Some(&state), None),
+            None
+        );
+        // Applied: the desired pools.
+        state.status = Some(kroce_operator::crd::RdmaNodeStateStatus {
+            observed_generation: Some(2),
+            sync_state: kroce_operator::crd::SyncState::Succeeded,
+            ..Default::default()
+        });
+        assert_eq!(
+            advertised_pools(&desired, Some(&spec), Some(&state), None),
+            Some(desired.clone())
+        );
+        // A new spec not yet applied: the previous pools of resources still wanted.
+        let previous = DevicePluginConfig {
+            pools: vec![pool("rdma/a", "ens1f0#0-1"), pool("rdma/gone", "ens2f0")],
+        }
+        .to_yaml()
+        .unwrap();
+        let mut newer = spec.clone();
+        newer.pfs[0].num_vfs = 16;
+        let got = advertised_pools(&desired, Some(&newer), Some(&state), Some(&previous)).unwrap();
+        assert_eq!(got.pools, vec![pool("rdma/a", "ens1f0#0-1")]);
+    }
+
+    #[test]
+    fn server_address_comes_from_the_test_attachment() {
+        let mut pod = Pod::default();
+        pod.metadata.annotations = Some(BTreeMap::from([(
+            NETWORK_STATUS_ANNOTATION.to_string(),
+            r#"[{"name":"cbr0","ips":["10.244.1.5"],"default":true},
+                {"name":"kroce-system/kroce-admission-fast","interface":"net1","ips":["10.56.0.7"]}]"#
+                .to_string(),
+        )]));
+        assert_eq!(
+            attachment_ipv4(&pod, "kroce-system", "kroce-admission-fast"),
+            Some(Ipv4Addr::new(10, 56, 0, 7))
+        );
+        assert_eq!(
+            attachment_ipv4(&pod, "kroce-system", "kroce-admission-other"),
+            None
+        );
+    }
+}

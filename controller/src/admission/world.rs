@@ -1,0 +1,36 @@
+//! What one admission pass reads, from the shared stores.
+
+use crate::{Context, Error};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kroce_operator::crd::{AdmissionGate, AdmissionSpec, RdmaNodeState};
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+
+/// What one admission pass lists, inside the lock.
+pub(crate) struct World {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) states: BTreeMap<String, RdmaNodeState>,
+    pub(crate) gates: BTreeMap<String, AdmissionGate>,
+    pub(crate) pods: Vec<Pod>,
+}
+
+pub(crate) async fn list_world(ctx: &Context, pod_selector: &str) -> Result<World, Error> {
+    let st = &ctx.stores;
+    let gates = st
+        .networks
+        .state()
+        .iter()
+        .map(|n| {
+            (
+                n.name_any(),
+                AdmissionSpec::of(n.spec.admission.as_ref()).gate,
+            )
+        })
+        .collect();
+    Ok(World {
+        nodes: st.nodes(),
+        states: st.states_by_name(),
+        gates,
+        pods: st.test_pods(pod_selector),
+    })
+}
