@@ -5,7 +5,9 @@
 
 use crate::driver::MANAGER;
 use crate::slice::NODE_LABEL;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,7 @@ pub fn existing_of(slices: &[ResourceSlice]) -> Existing {
 #[derive(Clone)]
 pub struct KubePublisher {
     api: kube::Api<ResourceSlice>,
+    nodes: kube::Api<Node>,
 }
 
 impl std::fmt::Debug for KubePublisher {
@@ -80,7 +83,34 @@ impl std::fmt::Debug for KubePublisher {
 impl KubePublisher {
     pub fn new(client: kube::Client) -> Self {
         KubePublisher {
-            api: kube::Api::all(client),
+            api: kube::Api::all(client.clone()),
+            nodes: kube::Api::all(client),
+        }
+    }
+
+    /// The Node as owner, so its slices are garbage-collected with it.
+    /// `None` (slices go out without an owner) when the Node cannot be read.
+    async fn owner(&self, node: &str) -> Option<OwnerReference> {
+        match self.nodes.get_opt(node).await {
+            Ok(Some(n)) => Some(OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.to_string(),
+                uid: n.metadata.uid?,
+                controller: Some(true),
+                ..Default::default()
+            }),
+            Ok(None) => {
+                tracing::warn!(
+                    node,
+                    "Node not found: ResourceSlices go out without an owner"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(node, error = %e, "cannot read the Node: ResourceSlices go out without an owner");
+                None
+            }
         }
     }
 
@@ -106,11 +136,13 @@ impl SlicePublisher for KubePublisher {
 
     async fn publish(&self, node: &str, slices: Vec<ResourceSlice>) -> Result<(), PublishError> {
         let pp = PatchParams::apply(MANAGER).force();
+        let owner = self.owner(node).await;
         let mut keep = std::collections::BTreeSet::new();
         for mut s in slices {
             let name = s.metadata.name.clone().unwrap_or_default();
-            // Server-side apply needs apiVersion and kind in the body.
             s.metadata.managed_fields = None;
+            s.metadata.owner_references = owner.clone().map(|o| vec![o]);
+            // Server-side apply needs apiVersion and kind in the body.
             let body = serde_json::json!({
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",

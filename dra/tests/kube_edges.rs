@@ -122,8 +122,10 @@ async fn slices_are_applied_and_stale_ones_deleted() {
         "items": [serde_json::to_value(&slices[0]).unwrap(), serde_json::to_value(&stale).unwrap()],
     });
     let applied = serde_json::to_value(&slices[0]).unwrap();
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid-1"}});
     let (client, seen) = mock(Box::new(move |s| match s.method.as_str() {
         "PATCH" => (200, applied.clone()),
+        "GET" if s.path == "/api/v1/nodes/node-a" => (200, node.clone()),
         "GET" => (200, list.clone()),
         _ => (
             200,
@@ -142,6 +144,7 @@ async fn slices_are_applied_and_stale_ones_deleted() {
     assert_eq!(
         calls,
         [
+            ("GET".into(), "/api/v1/nodes/node-a".into()),
             (
                 "PATCH".into(),
                 "/apis/resource.k8s.io/v1/resourceslices/node-a-rdma.kroce.io-0".into()
@@ -156,7 +159,7 @@ async fn slices_are_applied_and_stale_ones_deleted() {
             ),
         ]
     );
-    let apply = &seen[0];
+    let apply = &seen[1];
     assert_eq!(apply.content_type, "application/apply-patch+yaml");
     assert!(
         apply.query.contains("fieldManager=kroce-dra"),
@@ -174,9 +177,38 @@ async fn slices_are_applied_and_stale_ones_deleted() {
     );
     assert_eq!(apply.body["spec"]["devices"][2]["name"], "vf-2");
     assert_eq!(apply.body["metadata"]["labels"][NODE_LABEL], "node-a");
-    let list_query = &seen[1].query;
+    // Owned by the Node: deleting the Node deletes its slices.
+    assert_eq!(
+        apply.body["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-uid-1", "controller": true}])
+    );
+    let list_query = &seen[2].query;
     assert!(
         list_query.contains("labelSelector=rdma.kroce.io%2Fnode%3Dnode-a"),
         "{list_query}"
     );
+}
+
+#[tokio::test]
+async fn slices_go_out_without_owner_when_the_node_cannot_be_read() {
+    let slices = slice::slices("node-a", 1, &[]);
+    let applied = serde_json::to_value(&slices[0]).unwrap();
+    let (client, seen) = mock(Box::new(move |s| match s.method.as_str() {
+        "PATCH" => (200, applied.clone()),
+        "GET" if s.path.starts_with("/api/v1/nodes/") => (
+            403,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
+        ),
+        _ => (
+            200,
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": []}),
+        ),
+    }));
+    KubePublisher::new(client)
+        .publish("node-a", slices)
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let apply = seen.iter().find(|s| s.method == "PATCH").unwrap();
+    assert_eq!(apply.body["metadata"].get("ownerReferences"), None);
 }
