@@ -1,17 +1,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Scale: both controller loops over the shared stores against the
-//! in-memory API server (which counts every request), for N Nodes x 10
-//! RdmaNetworks. Prints: time to converge from empty, requests and writes
-//! for one node label change, writes in a quiet period (steady state), and
-//! the process's peak RSS.
+//! Scale: the shipped `kroce-controller run` (its own process, plain
+//! flags) against the in-memory API server served over HTTP (which counts
+//! every request), for N Nodes x 10 RdmaNetworks. Prints: time to converge
+//! from empty, requests and writes for one node label change, writes in a
+//! quiet period (steady state), and the controller's peak RSS.
 //!
 //! cargo bench -p kroce-controller --features testing --bench scale -- 1000 5000
+//! (KROCE_BIN_DIR: take kroce-controller from there, e.g. target/release.)
 
-use kroce_controller::metrics::Metrics;
-use kroce_controller::{Context, run, stores};
 use kroce_operator::testing::mock::ApiServer;
 use serde_json::json;
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KROCE: &str = "/apis/kroce.io/v1alpha1";
@@ -51,8 +50,8 @@ fn seed(server: &ApiServer, nodes: usize) {
     }
 }
 
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -67,17 +66,14 @@ fn writes(server: &ApiServer, from: usize) -> usize {
         .count()
 }
 
-async fn quiet(metrics: &Metrics, server: &ApiServer, limit: Duration) -> bool {
+/// No request for 2 s.
+async fn quiet(server: &ApiServer, limit: Duration) -> bool {
     let start = Instant::now();
-    let mut last = (usize::MAX, 0, 0);
+    let mut last = usize::MAX;
     let mut still = 0;
     while start.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = (
-            server.calls().len(),
-            metrics.reconciles.get(),
-            metrics.node_reconciles.get(),
-        );
+        let now = server.calls().len();
         still = if now == last { still + 1 } else { 0 };
         last = now;
         if still >= 10 {
@@ -87,26 +83,50 @@ async fn quiet(metrics: &Metrics, server: &ApiServer, limit: Duration) -> bool {
     false
 }
 
+fn controller_bin() -> std::path::PathBuf {
+    std::env::var_os("KROCE_BIN_DIR").map_or_else(
+        || env!("CARGO_BIN_EXE_kroce-controller").into(),
+        |d| std::path::PathBuf::from(d).join("kroce-controller"),
+    )
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 async fn scenario(nodes: usize) {
-    let (client, server) = ApiServer::start();
+    let server = ApiServer::default();
     seed(&server, nodes);
-    let metrics = Arc::new(Metrics::default());
-    let shared = stores::start(
-        &client,
-        "kroce-system",
-        "kroce-device-plugin",
-        "kroce-perftest",
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let serving = tokio::spawn(server.clone().serve_http(listener));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: m\n    user: u\n    namespace: kroce-system\ncurrent-context: c\n"
+        ),
     )
     .unwrap();
-    let ctx = Context::new(
-        client,
-        "kroce-system",
-        "kroce-device-plugin",
-        metrics.clone(),
-        shared.stores.clone(),
-    );
     let started = Instant::now();
-    let task = tokio::spawn(run(ctx, shared));
+    let child = Killed(
+        Command::new(controller_bin())
+            .args(["run", "--leader-election=false", "--listen", "127.0.0.1:0"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KROCE_LOG_LEVEL", "warn")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
     // Converged: every node has its spec (VF groups of all 10 networks).
     let converged = loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -124,36 +144,61 @@ async fn scenario(nodes: usize) {
     };
     let converge_requests = server.calls().len();
     assert!(
-        quiet(&metrics, &server, Duration::from_secs(120)).await,
+        quiet(&server, Duration::from_secs(180)).await,
         "never quiet"
     );
+    let settle_requests = server.calls().len();
+    if std::env::var_os("KROCE_BENCH_DETAIL").is_some() {
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for c in &server.calls()[..] {
+            // The kind (and subresource), not the object's name.
+            let parts: Vec<&str> = c.path.split('/').collect();
+            let kind = parts
+                .iter()
+                .rev()
+                .find(|p| p.ends_with('s') && !p.starts_with("node-") && **p != "status")
+                .copied()
+                .unwrap_or("?");
+            let sub = if c.path.ends_with("/status") {
+                "/status"
+            } else {
+                ""
+            };
+            let watch = if c.query.contains("watch") {
+                " watch"
+            } else {
+                ""
+            };
+            let key = format!("{} {kind}{sub}{watch}", c.method);
+            *by.entry(key).or_default() += 1;
+        }
+        let mut v: Vec<_> = by.into_iter().collect();
+        v.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        for (k, n) in v.iter().take(15) {
+            eprintln!("{n:>7} {k}");
+        }
+    }
     // Steady state: a quiet period writes nothing.
     let before = server.calls().len();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let steady_writes = writes(&server, before);
     // One node label change.
-    let (nets, nodes_rec) = (metrics.reconciles.get(), metrics.node_reconciles.get());
     let before = server.calls().len();
     server.update(CORE, "nodes", "", "node-00007", |n| {
         n["metadata"]["labels"]["team"] = json!("a");
     });
-    assert!(
-        quiet(&metrics, &server, Duration::from_secs(60)).await,
-        "never quiet"
-    );
+    assert!(quiet(&server, Duration::from_secs(60)).await, "never quiet");
     let label_requests = server.calls().len() - before;
     let label_writes = writes(&server, before);
-    let (nets2, nodes2) = (metrics.reconciles.get(), metrics.node_reconciles.get());
-    task.abort();
+    let rss = peak_rss_kib(pid);
+    drop(child);
+    serving.abort();
     println!(
-        "{nodes} nodes x {NETWORKS} networks: converged in {:.2} s ({converge_requests} requests); \
-         one node label change: {label_requests} requests, {label_writes} writes, {} node and {} \
-         network reconciles; quiet 5 s: {steady_writes} writes; peak RSS {} MiB (whole process, \
-         mock API server included)",
+        "{nodes} nodes x {NETWORKS} networks: converged in {:.2} s ({converge_requests} requests, \
+         {settle_requests} when quiet); one node label change: {label_requests} requests, \
+         {label_writes} writes; quiet 5 s: {steady_writes} writes; controller peak RSS {} MiB",
         converged.as_secs_f64(),
-        nodes2 - nodes_rec,
-        nets2 - nets,
-        peak_rss_kib() / 1024,
+        rss / 1024,
     );
 }
 

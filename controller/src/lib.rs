@@ -55,6 +55,8 @@ pub enum Error {
     },
     #[error("admission: {0}")]
     Admission(String),
+    #[error("{0}")]
+    Stores(#[from] stores::StoreError),
     /// Not a failure: the reconcile waits for another loop (a deleting
     /// network for the node loop to drop its VFs).
     #[error("{0}")]
@@ -70,6 +72,7 @@ impl Error {
             Error::Finalizer(_) => "Finalizer".into(),
             Error::Yaml(_) | Error::Json { .. } => "Encode".into(),
             Error::Admission(_) => "Admission".into(),
+            Error::Stores(_) => "Stores".into(),
             Error::Pending(_) => "Pending".into(),
         }
     }
@@ -198,6 +201,7 @@ impl Context {
 }
 
 pub async fn reconcile(net: Arc<RdmaNetwork>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.stores.ready().await?;
     let _timer = ctx.metrics.start();
     let api: Api<RdmaNetwork> = Api::all(ctx.client.clone());
     tracing::info!(network = %net.name_any(), "reconciling");
@@ -250,6 +254,12 @@ fn state_fingerprint(s: &kroce_operator::crd::RdmaNodeState) -> u64 {
     ))
 }
 
+/// Network reconciles at once: each plans from a snapshot of every node,
+/// so memory grows with this times the cluster; two keep the CPU busy.
+const NETWORK_CONCURRENCY: u16 = 2;
+/// Node reconciles at once: each is one node's plan and at most two writes.
+const NODE_CONCURRENCY: u16 = 16;
+
 /// Runs both loops until SIGTERM, over one watch per kind.
 pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
     let client = ctx.client.clone();
@@ -279,7 +289,7 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
         stores::changed_only(networks_a, network_fingerprint),
         stores.networks.clone(),
     )
-    .with_config(config.clone())
+    .with_config(config.clone().concurrency(NETWORK_CONCURRENCY))
     .watches_shared_stream(stores::changed_only(states_a, state_fingerprint), |s| {
         node::networks_of_state(&s)
             .into_iter()
@@ -305,7 +315,7 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
         stores::changed_only(nodes, node_fingerprint),
         stores.nodes.clone(),
     )
-    .with_config(config)
+    .with_config(config.concurrency(NODE_CONCURRENCY))
     .watches_shared_stream(stores::changed_only(states_b, state_fingerprint), |s| {
         Some(ObjectRef::<k8s_openapi::api::core::v1::Node>::new(
             &s.name_any(),

@@ -39,6 +39,31 @@ impl std::fmt::Debug for Stores {
 }
 
 impl Stores {
+    /// Until every store has had its first full list: a reconcile before
+    /// that would plan from part of the cluster (and write again as the
+    /// rest arrives).
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        let gone = |what| move |_| StoreError { what };
+        self.networks
+            .wait_until_ready()
+            .await
+            .map_err(gone("rdmanetworks"))?;
+        self.nodes.wait_until_ready().await.map_err(gone("nodes"))?;
+        self.states
+            .wait_until_ready()
+            .await
+            .map_err(gone("rdmanodestates"))?;
+        self.configmaps
+            .wait_until_ready()
+            .await
+            .map_err(gone("configmaps"))?;
+        self.test_pods
+            .wait_until_ready()
+            .await
+            .map_err(gone("pods"))?;
+        Ok(())
+    }
+
     /// Every RdmaNodeState, by name (= node name).
     pub fn states_by_name(&self) -> BTreeMap<String, RdmaNodeState> {
         self.states
@@ -225,7 +250,7 @@ pub fn start(
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot subscribe to the shared {what} watch")]
+#[error("the shared {what} watch is not available")]
 pub struct StoreError {
     what: &'static str,
 }

@@ -68,18 +68,8 @@ pub(crate) fn plan_world(world: &World) -> ClusterPlan {
     plan_cluster(&nodes, &networks)
 }
 
-async fn publish(ctx: &Context, net: &RdmaNetwork, type_: EventType, reason: &str, note: String) {
-    publish_on(ctx, net, type_, reason, note).await;
-}
-
 /// An event on `net` (reason doubles as the action).
-pub(crate) async fn publish_on(
-    ctx: &Context,
-    net: &RdmaNetwork,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
+async fn publish(ctx: &Context, net: &RdmaNetwork, type_: EventType, reason: &str, note: String) {
     ctx.event(&net.object_ref(&()), type_, reason, reason, note)
         .await;
 }

@@ -447,6 +447,38 @@ impl ApiServer {
         (kube::Client::new(svc, "default"), server)
     }
 
+    /// Serves this server over plain HTTP/1 on `listener` (a kubeconfig
+    /// with `server: http://<addr>`), for a shipped binary in another
+    /// process. Runs until the task is aborted.
+    pub async fn serve_http(self, listener: tokio::net::TcpListener) {
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let server = self.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let server = server.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let bytes = body
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes().to_vec())
+                            .unwrap_or_default();
+                        let req = Request::from_parts(parts, Body::from(bytes));
+                        Ok::<_, Infallible>(server.handle(req).await)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }
+
     fn next_rv(&self) -> String {
         let mut rv = self.rv.lock().unwrap_or_else(|e| e.into_inner());
         *rv += 1;
