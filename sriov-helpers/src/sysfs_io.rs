@@ -8,8 +8,7 @@
 //! file; on a 512-VF host that walk was most of the scan time.
 
 use crate::error::HostError;
-use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat, readlinkat};
-use nix::sys::stat::{Mode, fstatat};
+use rustix::fs::{AtFlags, CWD as AT_FDCWD, Dir, Mode, OFlags, openat, readlinkat, statat};
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -68,8 +67,8 @@ fn not_found_or_read(path: &Path, source: std::io::Error, what: &'static str) ->
     }
 }
 
-const RDONLY: OFlag = OFlag::O_RDONLY.union(OFlag::O_CLOEXEC);
-const DIRECTORY: OFlag = RDONLY.union(OFlag::O_DIRECTORY);
+const RDONLY: OFlags = OFlags::RDONLY.union(OFlags::CLOEXEC);
+const DIRECTORY: OFlags = RDONLY.union(OFlags::DIRECTORY);
 
 /// One open, one read, one close: sysfs and procfs serve an attribute (at
 /// most a page) in a single read, so a short read is the end;
@@ -93,14 +92,18 @@ fn read_small_at(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<String> {
 }
 
 fn link_at(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
     count(1);
-    Ok(PathBuf::from(readlinkat(dir, name)?))
+    let target = readlinkat(dir, name, Vec::with_capacity(256))?;
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(
+        target.into_bytes(),
+    )))
 }
 
 /// Whether `name` exists, following links.
 fn exists_at(dir: BorrowedFd<'_>, name: &Path) -> bool {
     count(1);
-    fstatat(dir, name, AtFlags::empty()).is_ok()
+    statat(dir, name, AtFlags::empty()).is_ok()
 }
 
 fn open_dir_at(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<OwnedFd> {
@@ -109,10 +112,11 @@ fn open_dir_at(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<OwnedFd> {
 }
 
 fn dir_names_at(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<Vec<String>> {
-    // openat, fdopendir's fstat and two fcntl, two getdents64, close.
-    // (The owning iterator: `Dir::iter` rewinds on drop, an lseek more.)
-    count(7);
-    let d = nix::dir::Dir::openat(dir, name, DIRECTORY, Mode::empty())?;
+    // openat, getdents64 until it returns 0 (twice for a small directory),
+    // close: rustix reads the descriptor as it is (libc's fdopendir would
+    // add an fstat and two fcntl).
+    count(4);
+    let d = Dir::new(openat(dir, name, DIRECTORY, Mode::empty())?)?;
     let mut names = Vec::new();
     for entry in d {
         let entry = entry?;
