@@ -5,7 +5,8 @@
 //! [`config`] (opaque claim configuration), [`prepare`] (what a claim's
 //! preparation writes and answers). Edges: [`facts`] (host reads),
 //! [`claims`] (ResourceClaims from the API server), [`publish`]
-//! (ResourceSlices to it), [`checkpoint`], [`driver_state`] (prepare and
+//! (ResourceSlices to it), [`sharing`] (which HCAs are shared, from
+//! the device plugin's config), [`checkpoint`], [`driver_state`] (prepare and
 //! unprepare, all-or-nothing), [`server`] (gRPC services) and [`plugin`]
 //! (sockets, rescans, re-registration). `testing` (feature `testing`) holds
 //! the kubelet DRA stand-in, an in-memory claim store and a recording
@@ -22,6 +23,7 @@ pub mod plugin;
 pub mod prepare;
 pub mod publish;
 pub mod server;
+pub mod sharing;
 pub mod slice;
 
 #[cfg(any(test, feature = "testing"))]

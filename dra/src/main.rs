@@ -6,6 +6,8 @@ use kroce_dra::claims::KubeClaims;
 use kroce_dra::plugin::{self, Options, Plugin};
 use kroce_dra::prepare::Paths;
 use kroce_dra::publish::KubePublisher;
+use kroce_dra::sharing::{FileRules, SharingRules};
+use kroce_dra::slice::Sharing;
 use sriov_helpers::HostRoot;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +39,11 @@ struct Cli {
     /// Where memlock requests are recorded for kroce-nri; "" turns it off.
     #[arg(long, default_value = plugin::DEFAULT_MEMLOCK_DIR)]
     memlock_dir: PathBuf,
+    /// The device plugin's pool config (the same file/ConfigMap): HCAs its
+    /// `mode: shared` pools take are published as `sharedCount` slots
+    /// `shared-<pci>-<i>`. Re-read at every rescan. Unset: no HCA is shared.
+    #[arg(long, env = "KROCE_DP_CONFIG")]
+    device_plugin_config: Option<PathBuf>,
     /// Host rescan interval in milliseconds.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     rescan_ms: u64,
@@ -59,6 +66,11 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    // Before any side effect: a sharing config that cannot be read is fatal.
+    let sharing: Arc<dyn SharingRules> = match &cli.device_plugin_config {
+        Some(path) => Arc::new(FileRules::load(path).context("--device-plugin-config")?),
+        None => Arc::new(Sharing::default()),
+    };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()
         .await
@@ -75,8 +87,9 @@ async fn main() -> anyhow::Result<()> {
         state_dir: cli.state_dir,
         rescan: Duration::from_millis(cli.rescan_ms),
     };
-    let plugin = Plugin::start(
+    let plugin = Plugin::start_with(
         opts,
+        sharing,
         Arc::new(KubeClaims::new(client.clone())),
         Arc::new(KubePublisher::new(client)),
     )

@@ -14,7 +14,8 @@ use crate::facts::HostFacts;
 use crate::prepare::Paths;
 use crate::publish::SlicePublisher;
 use crate::server::{DraService, RegistrationService, RegistrationState};
-use crate::slice::{self, Pool};
+use crate::sharing::SharingRules;
+use crate::slice::{self, Pool, Sharing};
 use futures::StreamExt;
 use inotify::{Inotify, WatchMask};
 use kroce_device_plugin::files;
@@ -133,6 +134,16 @@ impl Plugin {
         claims: Arc<dyn ClaimSource>,
         publisher: Arc<dyn SlicePublisher>,
     ) -> Result<Plugin, PluginError> {
+        Plugin::start_with(opts, Arc::new(Sharing::default()), claims, publisher).await
+    }
+
+    /// [`Plugin::start`] with shared HCAs as `sharing` says at each rescan.
+    pub async fn start_with(
+        opts: Options,
+        sharing: Arc<dyn SharingRules>,
+        claims: Arc<dyn ClaimSource>,
+        publisher: Arc<dyn SlicePublisher>,
+    ) -> Result<Plugin, PluginError> {
         files::ensure_dir(&opts.state_dir)?;
         let state = Arc::new(DriverState::open(
             &opts.node,
@@ -143,7 +154,7 @@ impl Plugin {
         let mut memory = Memory::default();
         let facts = HostFacts::scan(&opts.host_root, &mut memory);
         let in_use = state.in_use().await;
-        state.set_inventory(slice::devices(&facts, &in_use));
+        state.set_inventory(slice::devices_with(&facts, &in_use, &sharing.current()));
 
         let service_path = driver::service_socket(&opts.kubelet_dir);
         let registry = opts.kubelet_dir.join(driver::PLUGINS_REGISTRY);
@@ -179,6 +190,7 @@ impl Plugin {
             opts,
             state.clone(),
             publisher,
+            sharing,
             memory,
             service,
             registration,
@@ -234,6 +246,7 @@ async fn run(
     opts: Options,
     state: Arc<DriverState>,
     publisher: Arc<dyn SlicePublisher>,
+    sharing: Arc<dyn SharingRules>,
     mut memory: Memory,
     service: Serving,
     mut registration: Serving,
@@ -276,7 +289,7 @@ async fn run(
             tracing::debug!(error = %e, "host scan");
         }
         let in_use = state.in_use().await;
-        let published = slice::devices(&facts, &in_use);
+        let published = slice::devices_with(&facts, &in_use, &sharing.current());
         let devices = published.iter().map(|p| p.device.clone()).collect();
         state.set_inventory(published);
         if pool.is_none() {

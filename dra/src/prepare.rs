@@ -23,7 +23,6 @@ use crate::slice::Published;
 use kroce_contracts::memlock_file::{self, AttachmentMemlock, SandboxMemlock};
 use kroce_device_plugin::allocation::device_nodes;
 use kroce_device_plugin::cdi::CDI_VERSION;
-use kroce_device_plugin::device_info;
 use kroce_device_plugin::inventory::Candidate;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -285,6 +284,7 @@ pub fn plan(
             });
         }
         let cfg = config::effective(&alloc.configs, &d.request)?;
+        crate::sharing::check_prepare(&d.device, p, &cfg, prepared, &claim.uid)?;
         match devices.get_mut(d.device.as_str()) {
             Some((reqs, _, _)) => reqs.push(d.request.clone()),
             None => {
@@ -302,7 +302,7 @@ pub fn plan(
             continue;
         };
         cdi_devices.push(cdi_device(claim, name, c));
-        if let Some(di) = device_info::for_candidate(c) {
+        if let Some(di) = crate::sharing::device_info_of(name, c) {
             let path = devinfo_file(paths, &claim.uid, name);
             let bytes = encode(&path, &di)?;
             writes.push((path, bytes));

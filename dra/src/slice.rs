@@ -4,7 +4,16 @@
 //! One device per VF, per PCI function with RDMA and no VFs enabled (a
 //! whole PF) and per soft RDMA device (rxe). Device names are DNS labels
 //! derived from the PCI address (`vf-0000-3b-00-2`) or the soft device's
-//! name (`soft-rxe0`). Attributes without a domain are the driver's
+//! name (`soft-rxe0`).
+//!
+//! Shared HCAs ([`Sharing`], the device plugin's `mode: shared` pools): a
+//! PCI function with an RDMA device that a sharing rule selects is offered
+//! as N slots `shared-<pci>-<i>` instead of one exclusive device, each with
+//! the HCA's attributes and `shared: true` (every other device has
+//! `shared: false`, so a selector reading it never meets a missing
+//! attribute). Every holder of a slot gets the HCA's RDMA char devices; the
+//! HCA's netdev stays in the host namespace (nothing moves it: see
+//! [`Published::shared_slot`]). Attributes without a domain are the driver's
 //! (`rdma.kroce.io/pciAddress` in CEL: `device.attributes["rdma.kroce.io"].pciAddress`);
 //! the PCIe root is the standard `resource.kubernetes.io/pcieRoot`, so a
 //! claim can ask for a VF on the same root as a GPU with a matchAttribute
@@ -20,8 +29,10 @@ use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kroce_device_plugin::config::{Config, Mode, Pool as PluginPool};
 use kroce_device_plugin::health;
 use kroce_device_plugin::inventory::{Candidate, DeviceKind};
+use kroce_device_plugin::selection;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The standard attribute naming a device's PCIe root complex.
@@ -37,11 +48,108 @@ pub const NODE_LABEL: &str = "rdma.kroce.io/node";
 /// DNS label length limit.
 const MAX_NAME: usize = 63;
 
+/// Attribute saying whether a device is a shared-HCA slot.
+pub const SHARED_ATTRIBUTE: &str = "shared";
+
 /// One published device and the candidate behind it (what prepare needs).
 #[derive(Debug, Clone)]
 pub struct Published {
     pub device: Device,
     pub candidate: Candidate,
+    /// `Some(i)`: slot `i` of a shared HCA. Its holder gets the HCA's char
+    /// devices only: the netdev is the host's and other holders', so no
+    /// network attach step may move it.
+    pub shared_slot: Option<u32>,
+}
+
+/// Which HCAs are offered as shared slots: the pools of the device
+/// plugin's config, read with the device plugin's own rule (the first pool
+/// whose selectors match and whose mode can use the device takes it), so
+/// one ConfigMap says which HCAs are shared whichever front end offers
+/// them. An HCA an earlier exclusive pool takes stays exclusive. Empty (the
+/// default): no HCA is shared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sharing {
+    pools: Vec<PluginPool>,
+}
+
+impl Sharing {
+    pub fn from_config(config: &Config) -> Sharing {
+        Sharing {
+            pools: config.pools.clone(),
+        }
+    }
+
+    /// The slot count of a candidate, `None` when it is not shared. Only a
+    /// PCI function (an HCA) with an RDMA device is: a VF a shared pool
+    /// selects is still one exclusive DRA device (DRA's point is handing
+    /// out VFs one by one), a soft device too.
+    pub fn slots(&self, c: &Candidate) -> Option<u32> {
+        if c.kind != DeviceKind::Pci || c.rdma.is_none() || c.pci.is_none() {
+            return None;
+        }
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| selection::eligible(p, c) && selection::matches(&p.selectors, c))?;
+        match pool.mode {
+            Mode::Shared { count } if count > 0 => Some(count),
+            _ => None,
+        }
+    }
+}
+
+/// `shared-<pci>-<i>` (`shared-0000-3b-00-0-3`).
+pub fn shared_slot_name(c: &Candidate, slot: u32) -> Option<String> {
+    c.pci.map(|p| dns_label("shared", &format!("{p}-{slot}")))
+}
+
+/// Whether a device name is a shared-HCA slot: its holder has the HCA's
+/// char devices only and its netdev must never be moved (the network
+/// attach step asks this of a prepared device).
+pub fn is_shared_slot(device: &str) -> bool {
+    device.starts_with("shared-")
+}
+
+/// The slot index when `name` is one of `c`'s slots.
+pub(crate) fn slot_of(c: &Candidate, name: &str) -> Option<u32> {
+    let base = dns_label("shared", &c.pci?.to_string());
+    name.strip_prefix(base.as_str())?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
+}
+
+fn push_slots(
+    out: &mut Vec<Published>,
+    seen: &mut BTreeSet<String>,
+    c: &Candidate,
+    facts: &HostFacts,
+    n: u32,
+) {
+    // The HCA stays in the host namespace: no in-use tolerance.
+    let health = health::evaluate(c, false);
+    let mut attrs = attributes(c, facts);
+    attrs.insert("healthy".into(), boolean(health.is_healthy()));
+    attrs.insert(SHARED_ATTRIBUTE.into(), boolean(true));
+    for slot in 0..n {
+        let Some(name) = shared_slot_name(c, slot) else {
+            continue;
+        };
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        out.push(Published {
+            device: Device {
+                name,
+                attributes: Some(attrs.clone()),
+                taints: taints(health.is_healthy()),
+                ..Default::default()
+            },
+            candidate: c.clone(),
+            shared_slot: Some(slot),
+        });
+    }
 }
 
 /// Lower-case letters, digits and `-`, starting and ending alphanumeric,
@@ -148,38 +256,69 @@ pub fn attributes(c: &Candidate, facts: &HostFacts) -> BTreeMap<String, DeviceAt
     a
 }
 
-/// Every device DRA publishes for this host, in candidate order (PCI
-/// address, then soft devices). `in_use`: device names prepared for a claim
-/// (their netdev may be in a pod, which is not a fault). A name two soft
-/// devices map to is published once (the first).
+/// Every device DRA publishes for this host, no HCA shared: see
+/// [`devices_with`].
 pub fn devices(facts: &HostFacts, in_use: &BTreeSet<String>) -> Vec<Published> {
+    devices_with(facts, in_use, &Sharing::default())
+}
+
+fn taints(healthy: bool) -> Option<Vec<DeviceTaint>> {
+    (!healthy).then(|| {
+        vec![DeviceTaint {
+            key: UNHEALTHY_TAINT.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]
+    })
+}
+
+/// Every device DRA publishes for this host, in candidate order (PCI
+/// address, then soft devices), a shared HCA's slots in slot order where
+/// its exclusive device would be. `in_use`: device names prepared for a
+/// claim (their netdev may be in a pod, which is not a fault; a shared
+/// HCA's netdev never leaves, so its slots get no such tolerance). A name
+/// two soft devices map to is published once (the first).
+pub fn devices_with(
+    facts: &HostFacts,
+    in_use: &BTreeSet<String>,
+    sharing: &Sharing,
+) -> Vec<Published> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for c in &facts.candidates {
-        let Some(name) = device_name(c) else {
+        let exclusive = device_name(c);
+        let held_exclusive = exclusive.as_ref().is_some_and(|n| in_use.contains(n));
+        let held_slots = in_use.iter().any(|n| slot_of(c, n).is_some());
+        // A sharing change never hands an HCA out twice: while it is
+        // prepared in one mode, it is offered in that mode only (the
+        // exclusive device, or no device until its slots are released).
+        match sharing.slots(c) {
+            Some(n) if !held_exclusive => {
+                push_slots(&mut out, &mut seen, c, facts, n);
+                continue;
+            }
+            None if held_slots => continue,
+            _ => {}
+        }
+        let Some(name) = exclusive else {
             continue;
         };
         if !seen.insert(name.clone()) {
             continue;
         }
-        let health = health::evaluate(c, in_use.contains(&name));
+        let health = health::evaluate(c, held_exclusive);
         let mut attrs = attributes(c, facts);
         attrs.insert("healthy".into(), boolean(health.is_healthy()));
-        let taints = (!health.is_healthy()).then(|| {
-            vec![DeviceTaint {
-                key: UNHEALTHY_TAINT.into(),
-                effect: "NoSchedule".into(),
-                ..Default::default()
-            }]
-        });
+        attrs.insert(SHARED_ATTRIBUTE.into(), boolean(false));
         out.push(Published {
             device: Device {
                 name,
                 attributes: Some(attrs),
-                taints,
+                taints: taints(health.is_healthy()),
                 ..Default::default()
             },
             candidate: c.clone(),
+            shared_slot: None,
         });
     }
     out
