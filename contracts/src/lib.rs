@@ -10,6 +10,7 @@ pub mod annotations;
 pub mod log;
 pub mod memlock;
 pub mod memlock_file;
+pub mod network_attach;
 pub mod resource_name;
 
 pub use memlock::{Memlock, MemlockError};
