@@ -221,7 +221,16 @@ mod tests {
     fn ifnames() {
         assert!(check_ifname("net1").is_ok());
         assert!(check_ifname("rdma0").is_ok());
-        for bad in ["", "eth0", "lo", "a/b", "a b", "x:1", "..", "sixteen-chars-xx"] {
+        for bad in [
+            "",
+            "eth0",
+            "lo",
+            "a/b",
+            "a b",
+            "x:1",
+            "..",
+            "sixteen-chars-xx",
+        ] {
             let e = check_ifname(bad).unwrap_err();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }

@@ -71,6 +71,7 @@ fn prepare(c: &mut Criterion) {
             cdi_dir: root.join("cdi"),
             devinfo_dir: root.join("devinfo"),
             memlock_dir: Some(root.join("memlock")),
+            network_dir: None,
         },
         state_dir: root.join("state"),
         rescan: Duration::from_secs(60),

@@ -37,6 +37,9 @@ pub struct AllocatedDevice {
 pub struct Allocation {
     pub devices: Vec<AllocatedDevice>,
     pub configs: Vec<OpaqueConfig>,
+    /// UIDs of the pods in `status.reservedFor` (the pods the kubelet
+    /// prepares the claim for): whose sandbox gets the network attachment.
+    pub pod_uids: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +83,18 @@ pub fn allocation_of(claim: &ClaimRef, rc: &ResourceClaim) -> Result<Allocation,
             claim: claim.to_string(),
         });
     };
+    let pod_uids: Vec<String> = rc
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+        .map(|r| r.uid.clone())
+        .collect();
     let Some(devs) = &alloc.devices else {
-        return Ok(Allocation::default());
+        return Ok(Allocation {
+            pod_uids,
+            ..Allocation::default()
+        });
     };
     let devices = devs
         .results
@@ -118,7 +131,11 @@ pub fn allocation_of(claim: &ClaimRef, rc: &ResourceClaim) -> Result<Allocation,
             parameters,
         });
     }
-    Ok(Allocation { devices, configs })
+    Ok(Allocation {
+        devices,
+        configs,
+        pod_uids,
+    })
 }
 
 /// Claims from the API server.
@@ -200,6 +217,30 @@ mod tests {
         assert_eq!(a.configs[0].source, ConfigSource::FromClass);
         assert_eq!(a.configs[0].requests, ["vf"]);
         assert_eq!(a.configs[0].parameters, serde_json::json!({"vlan": 7}));
+        assert!(a.pod_uids.is_empty());
+    }
+
+    #[test]
+    fn pods_from_reserved_for() {
+        use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
+        let mut rc = allocated_claim(&claim(), DRIVER_NAME, "n", &[("vf", "d")], &[]);
+        let consumer =
+            |group: Option<&str>, resource: &str, uid: &str| ResourceClaimConsumerReference {
+                api_group: group.map(str::to_string),
+                resource: resource.into(),
+                name: "x".into(),
+                uid: uid.into(),
+            };
+        if let Some(s) = rc.status.as_mut() {
+            s.reserved_for = Some(vec![
+                consumer(None, "pods", "pod-1"),
+                consumer(Some("example.com"), "pods", "not-a-pod"),
+                consumer(Some(""), "pods", "pod-2"),
+                consumer(None, "jobs", "job-1"),
+            ]);
+        }
+        let a = allocation_of(&claim(), &rc).unwrap();
+        assert_eq!(a.pod_uids, ["pod-1", "pod-2"]);
     }
 
     #[test]

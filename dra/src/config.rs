@@ -14,6 +14,9 @@
 //!     ipam: {type: host-local, ranges: [[{subnet: 10.56.0.0/16}]]}
 //!     memlock: 64Gi        # kroce's memlock grammar, or "unlimited"
 //!     rdmaNetnsMode: exclusive   # or shared
+//!     interfaceName: rdma0 # the VF's name in the pod (default net1, net2, …)
+//!     mac: "02:00:00:00:00:01"   # a unicast MAC for the VF
+//!     attach: true         # false: the VF's netdev stays on the host
 //! ```
 //!
 //! Class entries apply first, claim entries after them; a later entry sets
@@ -23,6 +26,7 @@
 
 use crate::driver::DRIVER_NAME;
 use kroce_contracts::Memlock;
+use kroce_contracts::network_attach;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -55,6 +59,15 @@ pub struct ClaimConfig {
     pub memlock: Option<Memlock>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma_netns_mode: Option<NetnsMode>,
+    /// The netdev's name in the pod (kernel rules, not `lo`/`eth0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    /// A unicast MAC, lower-case `aa:bb:cc:dd:ee:ff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// `Some(false)`: the VF is not moved into the pod (char devices only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<bool>,
 }
 
 impl ClaimConfig {
@@ -65,6 +78,9 @@ impl ClaimConfig {
         self.ipam = other.ipam.or(self.ipam.take());
         self.memlock = other.memlock.or(self.memlock);
         self.rdma_netns_mode = other.rdma_netns_mode.or(self.rdma_netns_mode);
+        self.interface_name = other.interface_name.or(self.interface_name.take());
+        self.mac = other.mac.or(self.mac.take());
+        self.attach = other.attach.or(self.attach);
     }
 }
 
@@ -149,6 +165,31 @@ fn uint(
     }
 }
 
+/// `aa:bb:cc:dd:ee:ff` (either case), not multicast, not all zeros;
+/// returned lower-case.
+fn unicast_mac(v: &Value) -> Result<String, String> {
+    let s = v.as_str().ok_or("expected a string")?;
+    let bytes: Vec<u8> = s
+        .split(':')
+        .map(|p| {
+            if p.len() == 2 {
+                u8::from_str_radix(p, 16).ok()
+            } else {
+                None
+            }
+        })
+        .collect::<Option<Vec<u8>>>()
+        .filter(|b| b.len() == 6)
+        .ok_or("expected six hex bytes separated by ':'")?;
+    if bytes[0] & 1 == 1 {
+        return Err("a multicast address cannot name one interface".into());
+    }
+    if bytes.iter().all(|b| *b == 0) {
+        return Err("all zeros is not an address".into());
+    }
+    Ok(s.to_ascii_lowercase())
+}
+
 /// Parses and validates one entry's `parameters`. `at` names the entry.
 pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
     let Some(obj) = parameters.as_object() else {
@@ -186,12 +227,26 @@ pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
                     _ => return Err(err(at, k, v, "expected \"shared\" or \"exclusive\"")),
                 });
             }
+            "interfaceName" => {
+                let name = v
+                    .as_str()
+                    .ok_or_else(|| err(at, k, v, "expected a string"))?;
+                network_attach::check_ifname(name).map_err(|e| err(at, k, v, e))?;
+                out.interface_name = Some(name.to_string());
+            }
+            "mac" => out.mac = Some(unicast_mac(v).map_err(|e| err(at, k, v, e))?),
+            "attach" => {
+                out.attach = Some(
+                    v.as_bool()
+                        .ok_or_else(|| err(at, k, v, "expected true or false"))?,
+                );
+            }
             _ => {
                 return Err(err(
                     at,
                     k,
                     v,
-                    "unknown field (known: apiVersion, kind, vlan, mtu, ipam, memlock, rdmaNetnsMode)",
+                    "unknown field (known: apiVersion, kind, vlan, mtu, ipam, memlock, rdmaNetnsMode, interfaceName, mac, attach)",
                 ));
             }
         }
@@ -271,6 +326,14 @@ mod tests {
         assert_eq!(c.memlock, Some(Memlock::Bytes(64 << 30)));
         assert_eq!(c.rdma_netns_mode, Some(NetnsMode::Exclusive));
         assert_eq!(c.ipam, Some(json!({"type": "host-local"})));
+        let n = parse(
+            &params(json!({"interfaceName": "rdma0", "mac": "02:AA:bb:cc:dd:01", "attach": false})),
+            "x",
+        )
+        .unwrap();
+        assert_eq!(n.interface_name.as_deref(), Some("rdma0"));
+        assert_eq!(n.mac.as_deref(), Some("02:aa:bb:cc:dd:01"));
+        assert_eq!(n.attach, Some(false));
     }
 
     #[test]
@@ -296,6 +359,26 @@ mod tests {
             (
                 json!({"ipam": {"ranges": []}}),
                 "field ipam: {\"ranges\":[]} is invalid",
+            ),
+            (
+                json!({"interfaceName": "eth0"}),
+                "field interfaceName: \"eth0\" is invalid: \"eth0\" is reserved",
+            ),
+            (
+                json!({"interfaceName": "a/b"}),
+                "field interfaceName: \"a/b\" is invalid: \"a/b\" contains '/'",
+            ),
+            (
+                json!({"mac": "03:00:00:00:00:01"}),
+                "field mac: \"03:00:00:00:00:01\" is invalid: a multicast address",
+            ),
+            (
+                json!({"mac": "02:00:00:00:01"}),
+                "field mac: \"02:00:00:00:01\" is invalid: expected six hex bytes",
+            ),
+            (
+                json!({"attach": "yes"}),
+                "field attach: \"yes\" is invalid: expected true or false",
             ),
             (
                 json!({"vlna": 1}),

@@ -19,6 +19,7 @@ pub mod config;
 pub mod driver;
 pub mod driver_state;
 pub mod facts;
+pub mod network;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;

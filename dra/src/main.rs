@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use kroce_dra::claims::KubeClaims;
+use kroce_dra::network::{KubeClaimStatus, Reporter};
 use kroce_dra::plugin::{self, Options, Plugin};
 use kroce_dra::prepare::Paths;
 use kroce_dra::publish::KubePublisher;
@@ -39,6 +40,11 @@ struct Cli {
     /// Where memlock requests are recorded for kroce-nri; "" turns it off.
     #[arg(long, default_value = plugin::DEFAULT_MEMLOCK_DIR)]
     memlock_dir: PathBuf,
+    /// Where network-attach requests for kroce-nri go, and its results are
+    /// read back as the claims' networkData (kroce-cni's state dir +
+    /// `dra-attach`); "" turns VF network attachment off.
+    #[arg(long, default_value = kroce_contracts::network_attach::DEFAULT_DIR)]
+    network_dir: PathBuf,
     /// The device plugin's pool config (the same file/ConfigMap): HCAs its
     /// `mode: shared` pools take are published as `sharedCount` slots
     /// `shared-<pci>-<i>`. Re-read at every rescan. Unset: no HCA is shared.
@@ -75,6 +81,12 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+    let network_dir = (!cli.network_dir.as_os_str().is_empty()).then_some(cli.network_dir);
+    // kroce-nri's results, reported as networkData; the task ends with main.
+    if let Some(dir) = &network_dir {
+        let reporter = Reporter::new(dir, Arc::new(KubeClaimStatus::new(client.clone())));
+        tokio::spawn(reporter.run(Duration::from_secs(1)));
+    }
     let opts = Options {
         node: cli.node_name,
         kubelet_dir: cli.kubelet_dir,
@@ -83,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
             cdi_dir: cli.cdi_dir,
             devinfo_dir: cli.devinfo_dir,
             memlock_dir: (!cli.memlock_dir.as_os_str().is_empty()).then_some(cli.memlock_dir),
+            network_dir: network_dir.clone(),
         },
         state_dir: cli.state_dir,
         rescan: Duration::from_millis(cli.rescan_ms),

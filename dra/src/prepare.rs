@@ -14,13 +14,18 @@
 //! - when a request's configuration sets `memlock` and a memlock dir is
 //!   configured: `<memlock dir>/<uid>.json` in the memlock request file
 //!   format of `kroce_contracts::memlock_file` (containerID = claim UID,
-//!   one attachment per device, network = request name).
+//!   one attachment per device, network = request name);
+//! - when a network dir is configured, for the claim's exclusive VFs with a
+//!   netdev (not shared-HCA slots, not `attach: false`): the network-attach
+//!   request `<network dir>/<uid>.json` ([`crate::network`]) kroce-nri acts
+//!   on at RunPodSandbox; its result file is removed with the claim.
 
 use crate::claims::{Allocation, ClaimRef};
 use crate::config::{self, ClaimConfig, ConfigError};
 use crate::driver::DRIVER_NAME;
 use crate::slice::Published;
 use kroce_contracts::memlock_file::{self, AttachmentMemlock, SandboxMemlock};
+use kroce_contracts::network_attach;
 use kroce_device_plugin::allocation::device_nodes;
 use kroce_device_plugin::cdi::CDI_VERSION;
 use kroce_device_plugin::inventory::Candidate;
@@ -38,6 +43,8 @@ pub struct Paths {
     pub devinfo_dir: PathBuf,
     /// `None`: memlock requests are not recorded.
     pub memlock_dir: Option<PathBuf>,
+    /// `None`: VFs are not attached to pods (no network-attach requests).
+    pub network_dir: Option<PathBuf>,
 }
 
 /// One device of a prepared claim, as NodePrepareResources returns it, with
@@ -91,6 +98,8 @@ pub enum PlanError {
     UnknownDevice { request: String, device: String },
     #[error("device {device} is already prepared for claim {other}")]
     AlreadyPrepared { device: String, other: String },
+    #[error(transparent)]
+    Network(#[from] crate::network::NetworkPlanError),
     #[error("cannot encode {what}: {message}")]
     Encode { what: String, message: String },
 }
@@ -260,7 +269,7 @@ pub fn plan(
     check_uid(&claim.uid)?;
     config::validate_all(&alloc.configs)?;
     // device → (requests, config of the first request, candidate)
-    let mut devices: BTreeMap<&str, (Vec<String>, ClaimConfig, &Candidate)> = BTreeMap::new();
+    let mut devices: BTreeMap<&str, (Vec<String>, ClaimConfig, &Published)> = BTreeMap::new();
     let mut order = Vec::new();
     for d in alloc.devices.iter().filter(|d| d.driver == DRIVER_NAME) {
         if d.pool != node {
@@ -289,7 +298,7 @@ pub fn plan(
             Some((reqs, _, _)) => reqs.push(d.request.clone()),
             None => {
                 order.push(d.device.as_str());
-                devices.insert(&d.device, (vec![d.request.clone()], cfg, &p.candidate));
+                devices.insert(&d.device, (vec![d.request.clone()], cfg, p));
             }
         }
     }
@@ -297,10 +306,18 @@ pub fn plan(
     let mut out = Vec::new();
     let mut cdi_devices = Vec::new();
     let mut memlocks = BTreeMap::new();
+    let mut attach = Vec::new();
     for name in order {
-        let Some((requests, cfg, c)) = devices.remove(name) else {
+        let Some((requests, cfg, published)) = devices.remove(name) else {
             continue;
         };
+        let c = &published.candidate;
+        attach.push(crate::network::Prepared {
+            device: name.to_string(),
+            requests: requests.clone(),
+            config: cfg.clone(),
+            published,
+        });
         cdi_devices.push(cdi_device(claim, name, c));
         if let Some(di) = crate::sharing::device_info_of(name, c) {
             let path = devinfo_file(paths, &claim.uid, name);
@@ -344,12 +361,30 @@ pub fn plan(
         let bytes = encode(&path, &req)?;
         writes.push((path, bytes));
     }
+    let mut extra_files = Vec::new();
+    if let Some(dir) = &paths.network_dir
+        && let Some(req) = crate::network::attach_request(claim, node, &alloc.pod_uids, &attach)?
+    {
+        let bad_uid = |_| PlanError::BadUid {
+            uid: claim.uid.clone(),
+        };
+        let path = network_attach::request_path(dir, &claim.uid).map_err(bad_uid)?;
+        let bytes = encode(&path, &req)?;
+        writes.push((path, bytes));
+        // Written by kroce-nri; removed with the claim.
+        extra_files.push(network_attach::result_path(dir, &claim.uid).map_err(bad_uid)?);
+    }
+    let files = writes
+        .iter()
+        .map(|(p, _)| p.clone())
+        .chain(extra_files)
+        .collect();
     Ok(Plan {
         claim: PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             devices: out,
-            files: writes.iter().map(|(p, _)| p.clone()).collect(),
+            files,
         },
         writes,
     })

@@ -44,6 +44,7 @@ impl Rig {
                 cdi_dir: root.join("cdi"),
                 devinfo_dir: root.join("devinfo"),
                 memlock_dir: Some(root.join("memlock")),
+                network_dir: None,
             },
             state_dir: root.join("state"),
             rescan: Duration::from_millis(100),
