@@ -16,11 +16,20 @@ pub const FINALIZER: &str = "kroce.io/cleanup";
 
 /// `app.kubernetes.io/managed-by` on what the controller creates.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// On each NetworkAttachmentDefinition: the `RdmaNetwork` it belongs to.
+/// On each NetworkAttachmentDefinition and DeviceClass: the `RdmaNetwork`
+/// it belongs to.
 pub const NETWORK_LABEL: &str = "kroce.io/network";
 
 /// On a Node the controller cordoned to free held VFs: why (see drain).
 pub const DRAIN_ANNOTATION: &str = "kroce.io/drain";
+
+/// The DRA driver of `kroce-dra-plugin` (a DeviceClass of a `frontend:
+/// dra` network selects its devices). The DRA plugin's opaque config is
+/// `apiVersion` [`DRA_CONFIG_API_VERSION`], `kind` [`DRA_CONFIG_KIND`]
+/// (see `kroce_dra::config`; a test parses ours with it).
+pub const DRA_DRIVER: &str = "rdma.kroce.io";
+pub const DRA_CONFIG_API_VERSION: &str = "rdma.kroce.io/v1alpha1";
+pub const DRA_CONFIG_KIND: &str = "RdmaConfig";
 
 /// On admission perftest pods: the run they belong to.
 pub const ADMISSION_RUN_LABEL: &str = "kroce.io/admission-run";

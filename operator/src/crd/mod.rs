@@ -10,8 +10,8 @@ pub mod node_state;
 pub use admission::{AdmissionGate, AdmissionResult, AdmissionSpec, LatencyTest, NetworkAdmission};
 pub use conditions::{Condition, ConditionStatus};
 pub use network::{
-    IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec, RdmaNetworkStatus,
-    ReservedCpusMode, Trust,
+    Frontend, IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec,
+    RdmaNetworkStatus, ReservedCpusMode, Trust,
 };
 pub use node_state::{
     HeldVf, IrqPlacement, ObservedPf, ObservedQos, ObservedSoftDevice, ObservedVf, PfConfig,

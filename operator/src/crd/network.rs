@@ -203,6 +203,27 @@ fn default_true() -> bool {
     true
 }
 
+/// How pods get this network's VFs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Frontend {
+    /// The device plugin advertises `rdma/<resourceName>`; pods attach
+    /// through Multus and a NetworkAttachmentDefinition per namespace.
+    #[default]
+    DevicePlugin,
+    /// DRA (resource.k8s.io/v1, Kubernetes 1.34+): a DeviceClass named
+    /// after the network selects its VFs (driver `rdma.kroce.io`) and
+    /// carries its vlan/mtu/ipam/memlock; pods claim it with a
+    /// ResourceClaim. No device plugin pool, no Multus.
+    Dra,
+}
+
+impl Frontend {
+    fn is_device_plugin(&self) -> bool {
+        *self == Frontend::DevicePlugin
+    }
+}
+
 /// RoCE QoS of the PFs carrying this network.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -316,6 +337,11 @@ pub struct RdmaNetworkSpec {
     /// Perftest admission (see the admission docs); unset admits on configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionSpec>,
+    /// `devicePlugin` (default): a device plugin resource and Multus
+    /// attachment definitions. `dra`: a DeviceClass named after the
+    /// network instead (the node agent configures the VFs either way).
+    #[serde(default, skip_serializing_if = "Frontend::is_device_plugin")]
+    pub frontend: Frontend,
 }
 
 impl RdmaNetworkSpec {

@@ -5,7 +5,7 @@
 use super::device_plugin::{DevicePluginConfig, device_plugin_config};
 use super::validate::{FieldError, validate_network};
 use crate::crd::{
-    ObservedPf, PfConfig, RdmaNetworkSpec, RdmaNodeStateSpec, SoftDeviceGroup, VfGroup,
+    Frontend, ObservedPf, PfConfig, RdmaNetworkSpec, RdmaNodeStateSpec, SoftDeviceGroup, VfGroup,
 };
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::collections::{BTreeMap, BTreeSet};
@@ -311,7 +311,16 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
         .iter()
         .map(|n| (n.name, n.spec.memlock.as_deref()))
         .collect();
-    plan.device_plugin = Some(device_plugin_config(&spec, inventory, &memlock));
+    let mut dp = device_plugin_config(&spec, inventory, &memlock);
+    // A `frontend: dra` network's VFs are configured the same, but the DRA
+    // plugin offers them (through the network's DeviceClass): no pool.
+    let dra: BTreeSet<&str> = selected
+        .iter()
+        .filter(|n| n.spec.frontend == Frontend::Dra)
+        .map(|n| n.resource.as_str())
+        .collect();
+    dp.pools.retain(|p| !dra.contains(p.resource_name.as_str()));
+    plan.device_plugin = Some(dp);
     plan.desired = Desired::Spec(spec);
     plan
 }
@@ -676,6 +685,29 @@ pub(crate) mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn dra_network_vfs_are_configured_but_get_no_device_plugin_pool() {
+        let mut dra = net("dra", &["ens1f0#4-7"], 8);
+        dra.spec.frontend = Frontend::Dra;
+        let nets = [net("fast", &["ens1f0#0-3"], 8), dra];
+        let p = plan_node(&node("n1", &[]), &nets);
+        assert!(p.conflicts.is_empty(), "{:?}", p.conflicts);
+        let groups: Vec<(&str, &str)> = spec_of(&p).pfs[0]
+            .vf_groups
+            .iter()
+            .map(|g| (g.network.as_str(), g.vf_range.as_str()))
+            .collect();
+        assert_eq!(groups, [("dra", "4-7"), ("fast", "0-3")]);
+        let pools: Vec<String> = p
+            .device_plugin
+            .unwrap()
+            .pools
+            .into_iter()
+            .map(|p| p.resource_name)
+            .collect();
+        assert_eq!(pools, ["rdma/fast"]);
     }
 
     #[test]

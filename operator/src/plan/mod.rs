@@ -2,6 +2,7 @@
 //! feeds them what it listed from the API; the node agent feeds them what it
 //! read from the host. Everything here is unit-tested and benchmarked.
 
+pub mod device_class;
 pub mod device_plugin;
 pub mod irq;
 pub mod merge;
