@@ -12,6 +12,7 @@ use prost::Message;
 
 use crate::cni_requests::MemlockRequests;
 use crate::memlock::Memlock;
+use crate::network::{PodFacts, PodNetworkHook};
 use crate::policy::{self, Action, ContainerFacts, Decision};
 use crate::proto::{PLUGIN_SERVICE, api};
 use crate::runtime::{RuntimeLimits, RuntimeLimitsError};
@@ -23,8 +24,12 @@ pub const fn event_bit(event: api::Event) -> i32 {
     1 << (event as i32 - 1)
 }
 
-/// We only need to see container creation.
+/// Without network attachment we only need to see container creation.
 pub const SUBSCRIBED_EVENTS: i32 = event_bit(api::Event::CreateContainer);
+/// With it, the pod sandbox lifecycle too.
+pub const NETWORK_EVENTS: i32 = event_bit(api::Event::RunPodSandbox)
+    | event_bit(api::Event::StopPodSandbox)
+    | event_bit(api::Event::RemovePodSandbox);
 
 /// Plugin-service methods we accept and answer with an empty (default) reply
 /// if the runtime sends them although we did not subscribe.
@@ -79,6 +84,8 @@ pub struct Handler<R> {
     /// had to be capped; written to `sink` whenever it changes.
     state: Mutex<StatusFile>,
     sink: Box<dyn StatusSink>,
+    /// VF network attachment of DRA claims at the pod lifecycle events.
+    network: Option<Box<dyn PodNetworkHook>>,
 }
 
 impl<R: MemlockRequests> Handler<R> {
@@ -93,6 +100,22 @@ impl<R: MemlockRequests> Handler<R> {
                 ..Default::default()
             }),
             sink: Box::new(NoStatus),
+            network: None,
+        }
+    }
+
+    /// Attaches DRA-prepared VFs at RunPodSandbox and releases them at
+    /// StopPodSandbox/RemovePodSandbox through `hook`.
+    pub fn with_network(mut self, hook: Box<dyn PodNetworkHook>) -> Self {
+        self.network = Some(hook);
+        self
+    }
+
+    /// The events this handler subscribes to.
+    pub fn events(&self) -> i32 {
+        match self.network {
+            Some(_) => SUBSCRIBED_EVENTS | NETWORK_EVENTS,
+            None => SUBSCRIBED_EVENTS,
         }
     }
 
@@ -193,7 +216,38 @@ impl<R: MemlockRequests> Handler<R> {
                     notice: Some(Notice::Shutdown),
                 }
             }
-            "StateChange" => Handled::reply(Reply::Ok(api::Empty {}.encode_to_vec())),
+            "RunPodSandbox" | "StopPodSandbox" | "RemovePodSandbox" if self.network.is_some() => {
+                // All three requests are `{PodSandbox pod = 1}`.
+                match api::RunPodSandboxRequest::decode(payload) {
+                    Ok(req) => Handled::reply(self.pod_event(method, req.pod.as_ref())),
+                    Err(err) => Handled::reply(Reply::error(
+                        code::INVALID_ARGUMENT,
+                        format!("undecodable {method} request: {err}"),
+                    )),
+                }
+            }
+            "StateChange" => {
+                // Older runtimes send the pod lifecycle as state changes.
+                let event = api::StateChangeEvent::decode(payload).ok();
+                let method = match event.as_ref().map(|e| e.event()) {
+                    Some(api::Event::RunPodSandbox) => Some("RunPodSandbox"),
+                    Some(api::Event::StopPodSandbox) => Some("StopPodSandbox"),
+                    Some(api::Event::RemovePodSandbox) => Some("RemovePodSandbox"),
+                    _ => None,
+                };
+                match (method, &self.network) {
+                    (Some(m), Some(_)) => {
+                        let pod = event.as_ref().and_then(|e| e.pod.as_ref());
+                        match self.pod_event(m, pod) {
+                            Reply::Ok(_) => {
+                                Handled::reply(Reply::Ok(api::Empty {}.encode_to_vec()))
+                            }
+                            err => Handled::reply(err),
+                        }
+                    }
+                    _ => Handled::reply(Reply::Ok(api::Empty {}.encode_to_vec())),
+                }
+            }
             m if IGNORED_METHODS.contains(&m) => {
                 tracing::debug!(method = m, "unsubscribed event; ignored");
                 // An empty payload decodes as the default of every response type.
@@ -227,7 +281,7 @@ impl<R: MemlockRequests> Handler<R> {
             self.publish(&mut state);
         }
         let response = api::ConfigureResponse {
-            events: SUBSCRIBED_EVENTS,
+            events: self.events(),
             request_timeout: 0,
         };
         Handled {
@@ -236,6 +290,43 @@ impl<R: MemlockRequests> Handler<R> {
                 runtime_name,
                 runtime_version,
             }),
+        }
+    }
+
+    /// A pod lifecycle event for the network step. RunPodSandbox fails
+    /// (the runtime then fails the sandbox) when a requested VF cannot be
+    /// attached: a pod without the network its claim asked for is worse
+    /// than a retried one. Stop/Remove never fail: what is left is logged
+    /// and retried at the next event.
+    fn pod_event(&self, method: &str, pod: Option<&api::PodSandbox>) -> Reply {
+        let Some(net) = &self.network else {
+            return Reply::Ok(Vec::new());
+        };
+        let Some(pod) = pod else {
+            tracing::warn!(
+                method,
+                "pod event without a pod; nothing to attach or release"
+            );
+            return Reply::Ok(Vec::new());
+        };
+        let facts = PodFacts::from_nri(pod);
+        if method == "RunPodSandbox" {
+            match net.attach(&facts) {
+                Ok(0) => Reply::Ok(Vec::new()),
+                Ok(n) => {
+                    tracing::info!(pod = %format!("{}/{}", facts.namespace, facts.name), attached = n, "VFs attached");
+                    Reply::Ok(Vec::new())
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "network attachment failed; the sandbox fails");
+                    Reply::error(code::INTERNAL, e)
+                }
+            }
+        } else {
+            for e in net.release(&facts) {
+                tracing::warn!(method, sandbox = %facts.sandbox_id, error = %e, "VF not released (retried at the next pod event)");
+            }
+            Reply::Ok(Vec::new())
         }
     }
 
@@ -522,6 +613,111 @@ mod tests {
         // Known but unsubscribed: an empty, successful reply.
         let h = handler().handle(PLUGIN_SERVICE, "StartContainer", &[]);
         assert_eq!(h.reply, Reply::Ok(Vec::new()));
+    }
+
+    #[derive(Debug, Default)]
+    struct RecordingNetwork {
+        calls: Mutex<Vec<(String, String)>>,
+        fail_attach: bool,
+    }
+
+    impl PodNetworkHook for std::sync::Arc<RecordingNetwork> {
+        fn attach(&self, pod: &PodFacts) -> Result<usize, String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(("attach".into(), pod.uid.clone()));
+            if self.fail_attach {
+                Err("VF 0000:3b:00.2: boom (rolled back)".into())
+            } else {
+                Ok(1)
+            }
+        }
+
+        fn release(&self, pod: &PodFacts) -> Vec<String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(("release".into(), pod.uid.clone()));
+            vec!["left over".into()]
+        }
+    }
+
+    fn pod_request(uid: &str) -> Vec<u8> {
+        api::RunPodSandboxRequest {
+            pod: Some(api::PodSandbox {
+                id: "sb".into(),
+                uid: uid.into(),
+                ..Default::default()
+            }),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn pod_lifecycle_goes_to_the_network_step() {
+        let net = std::sync::Arc::new(RecordingNetwork::default());
+        let h = handler().with_network(Box::new(net.clone()));
+        let resp = api::ConfigureResponse::decode(
+            ok_payload(h.handle(PLUGIN_SERVICE, "Configure", &[])).as_slice(),
+        )
+        .unwrap();
+        assert_eq!(resp.events, SUBSCRIBED_EVENTS | NETWORK_EVENTS);
+        assert_eq!(resp.events, 0b1111);
+        ok_payload(h.handle(PLUGIN_SERVICE, "RunPodSandbox", &pod_request("p1")));
+        // Release problems are logged, never fail Stop/Remove.
+        ok_payload(h.handle(PLUGIN_SERVICE, "StopPodSandbox", &pod_request("p1")));
+        ok_payload(h.handle(PLUGIN_SERVICE, "RemovePodSandbox", &pod_request("p1")));
+        // The StateChange form of older runtimes.
+        let ev = api::StateChangeEvent {
+            event: api::Event::RunPodSandbox as i32,
+            pod: Some(api::PodSandbox {
+                uid: "p2".into(),
+                ..Default::default()
+            }),
+            container: None,
+        };
+        ok_payload(h.handle(PLUGIN_SERVICE, "StateChange", &ev.encode_to_vec()));
+        let calls: Vec<(String, String)> = net.calls.lock().unwrap().clone();
+        let want: Vec<(String, String)> = [
+            ("attach", "p1"),
+            ("release", "p1"),
+            ("release", "p1"),
+            ("attach", "p2"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(calls, want);
+    }
+
+    #[test]
+    fn a_failed_attach_fails_the_sandbox() {
+        let net = std::sync::Arc::new(RecordingNetwork {
+            fail_attach: true,
+            ..Default::default()
+        });
+        let h = handler().with_network(Box::new(net.clone()));
+        let r = h
+            .handle(PLUGIN_SERVICE, "RunPodSandbox", &pod_request("p1"))
+            .reply;
+        assert!(
+            matches!(&r, Reply::Err { code: code::INTERNAL, message } if message.contains("0000:3b:00.2")),
+            "{r:?}"
+        );
+        // Without the network step the same request is ignored.
+        let plain = handler();
+        assert_eq!(
+            plain
+                .handle(PLUGIN_SERVICE, "RunPodSandbox", &pod_request("p1"))
+                .reply,
+            Reply::Ok(Vec::new())
+        );
+        let resp = api::ConfigureResponse::decode(
+            ok_payload(plain.handle(PLUGIN_SERVICE, "Configure", &[])).as_slice(),
+        )
+        .unwrap();
+        assert_eq!(resp.events, SUBSCRIBED_EVENTS);
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod cni_requests;
 pub mod handler;
 pub mod memlock;
 pub mod mux;
+pub mod network;
 pub mod policy;
 pub mod proto;
 pub mod reachability;

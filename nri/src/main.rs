@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use kroce_nri::cni_requests::{DEFAULT_STATE_DIR, StateDir};
 use kroce_nri::handler::Handler;
+use kroce_nri::network::{CniOptions, InProcessCni, PodNetwork};
 use kroce_nri::session::{self, Backoff, PluginState, SessionOptions};
 use kroce_nri::status::StatusPath;
 use kroce_nri::{
@@ -62,6 +63,22 @@ struct Cli {
     /// Longest wait between reconnection attempts, in seconds.
     #[arg(long, default_value_t = 30)]
     max_backoff: u64,
+
+    /// Attach the VFs of DRA claims (the kroce DRA plugin's network-attach
+    /// requests in <state-dir>/dra-attach/) to their pods at RunPodSandbox
+    /// and release them at StopPodSandbox/RemovePodSandbox, with kroce-cni's
+    /// ADD/DEL run in this process. Needs hostNetwork and CAP_NET_ADMIN.
+    #[arg(long, env = "KROCE_DRA_NETWORK", default_value_t = true, action = clap::ArgAction::Set)]
+    dra_network: bool,
+
+    /// Where IPAM plugins are for DRA attachments (CNI_PATH, ':'-separated).
+    #[arg(long, env = "KROCE_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    cni_bin_dir: String,
+
+    /// Root of the host's sys/ and proc/ for kroce-cni (a container mounts
+    /// the host's here) [default: /].
+    #[arg(long, env = "KROCE_HOST_ROOT")]
+    host_root: Option<PathBuf>,
 
     /// Only check that NRI is reachable, print what to do if not, and exit (0 = reachable).
     #[arg(long)]
@@ -144,8 +161,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .status_file
         .clone()
         .unwrap_or_else(|| StatusPath::in_state_dir(&cli.state_dir).0);
-    let handler = Handler::new(cli.default_memlock, StateDir::new(&cli.state_dir))
+    let mut handler = Handler::new(cli.default_memlock, StateDir::new(&cli.state_dir))
         .with_status(Box::new(StatusPath(status_file.clone())));
+    if cli.dra_network {
+        let opts = CniOptions {
+            state_dir: cli.state_dir.clone(),
+            host_root: cli.host_root.clone(),
+            cni_path: std::env::split_paths(&cli.cni_bin_dir).collect(),
+        };
+        handler = handler.with_network(Box::new(PodNetwork::new(opts, InProcessCni)));
+    }
     let (state, _) = tokio::sync::watch::channel(PluginState::Connecting { last_error: None });
 
     tracing::info!(
@@ -154,6 +179,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         status_file = %status_file.display(),
         proc_root = %cli.proc_root.display(),
         default_memlock = %cli.default_memlock,
+        dra_network = cli.dra_network,
         name = options.name(),
         index = options.index(),
         "starting"
