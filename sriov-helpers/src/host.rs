@@ -52,75 +52,32 @@ impl Host {
                 what: "PCI device directory (is the sysfs root right?)",
             });
         }
-        // The RDMA side (char devices, RDMA devices) needs nothing from the
-        // PCI and netdev side: it is read on a second thread meanwhile. The
-        // scan is syscall-bound, so this halves its wall time on an idle
-        // pair of cores; without a thread it runs inline.
-        let (rdma, rdma_errors) = std::thread::scope(|s| {
-            let other = std::thread::Builder::new()
-                .name("kroce-scan-rdma".into())
-                .spawn_scoped(s, || crate::sysfs_io::counted(|| read_rdma_side(root)));
-            host.read_pci_side(root, opts);
-            match other.map(|h| h.join()) {
-                Ok(Ok((side, syscalls))) => {
-                    crate::sysfs_io::add_syscalls(syscalls);
-                    side
-                }
-                Ok(Err(panic)) => std::panic::resume_unwind(panic),
-                Err(_) => read_rdma_side(root),
-            }
-        });
+        // Three independent parts (PCI functions, netdevs, the RDMA side),
+        // each on its own thread: the scan is syscall-bound, so on an idle
+        // host with N cores its wall time is that of the longest part
+        // (without threads they run inline, in the same order).
+        let ((pci, pci_errors), (netdevs, netdev_errors), (rdma, rdma_errors)) =
+            std::thread::scope(|s| {
+                let rdma = spawn_part(s, "kroce-scan-rdma", root, read_rdma_side);
+                let net = spawn_part(s, "kroce-scan-net", root, read_netdevs);
+                let pci = read_pci_devices(root, opts);
+                (
+                    pci,
+                    joined(net, root, read_netdevs),
+                    joined(rdma, root, read_rdma_side),
+                )
+            });
+        host.pci = pci;
+        host.errors.extend(pci_errors);
+        host.fill_vf_indices(root);
+        host.netdevs = netdevs;
+        host.errors.extend(netdev_errors);
         host.rdma = rdma;
         host.errors.extend(rdma_errors);
         let (numa, numa_errors) = read_numa_nodes(root);
         host.numa = numa;
         host.errors.extend(numa_errors);
         host
-    }
-
-    /// PCI functions (with VF indices) and netdevs.
-    fn read_pci_side(&mut self, root: &HostRoot, opts: ScanOptions) {
-        // Each class/bus directory is opened once and its devices opened
-        // relative to it (see sysfs_io).
-        match list_pci_addresses(root).and_then(|addrs| {
-            Ok((
-                addrs,
-                SysDir::open(&root.pci_devices(), "PCI device directory")?,
-            ))
-        }) {
-            Ok((addrs, devices)) => {
-                for addr in addrs {
-                    match read_pci_device_at(root, &devices, addr) {
-                        Ok(dev) => {
-                            if !opts.network_only || is_network_class(dev.class) {
-                                self.pci.insert(addr, dev);
-                            }
-                        }
-                        Err(e) => self.errors.push(e),
-                    }
-                }
-            }
-            Err(e) => self.errors.push(e),
-        }
-        self.fill_vf_indices(root);
-        match list_netdevs(root).and_then(|names| {
-            Ok((
-                names,
-                SysDir::open(&root.class_net(), "net class directory")?,
-            ))
-        }) {
-            Ok((names, class_net)) => {
-                for name in names {
-                    match read_netdev_at(&class_net, &name) {
-                        Ok(n) => {
-                            self.netdevs.insert(name, n);
-                        }
-                        Err(e) => self.errors.push(e),
-                    }
-                }
-            }
-            Err(e) => self.errors.push(e),
-        }
     }
 
     /// VF indices from each PF's `virtfnN` list; a VF whose PF was not read
@@ -186,6 +143,88 @@ impl Host {
     pub fn numa_node(&self, id: u32) -> Option<&NumaNode> {
         self.numa.iter().find(|n| n.id == id)
     }
+}
+
+type Part<T> = (T, Vec<HostError>);
+
+fn spawn_part<'scope, 'env, T: Send + 'scope>(
+    s: &'scope std::thread::Scope<'scope, 'env>,
+    name: &str,
+    root: &'env HostRoot,
+    f: fn(&HostRoot) -> Part<T>,
+) -> std::io::Result<std::thread::ScopedJoinHandle<'scope, (Part<T>, u64)>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn_scoped(s, move || crate::sysfs_io::counted(|| f(root)))
+}
+
+/// A part's result from its thread (its syscalls added to this thread's
+/// count), or the part read inline when the thread could not be spawned.
+fn joined<T>(
+    spawned: std::io::Result<std::thread::ScopedJoinHandle<'_, (Part<T>, u64)>>,
+    root: &HostRoot,
+    inline: fn(&HostRoot) -> Part<T>,
+) -> Part<T> {
+    match spawned.map(|h| h.join()) {
+        Ok(Ok((part, syscalls))) => {
+            crate::sysfs_io::add_syscalls(syscalls);
+            part
+        }
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => inline(root),
+    }
+}
+
+/// PCI functions (network ones unless `opts` says all); VF indices are
+/// filled afterwards from the PFs' `virtfnN` links.
+fn read_pci_devices(root: &HostRoot, opts: ScanOptions) -> Part<BTreeMap<PciAddress, PciDevice>> {
+    let (mut pci, mut errors) = (BTreeMap::new(), Vec::new());
+    // The bus directory is opened once and each device opened relative to
+    // it (see sysfs_io).
+    match list_pci_addresses(root).and_then(|addrs| {
+        Ok((
+            addrs,
+            SysDir::open(&root.pci_devices(), "PCI device directory")?,
+        ))
+    }) {
+        Ok((addrs, devices)) => {
+            for addr in addrs {
+                match read_pci_device_at(root, &devices, addr) {
+                    Ok(dev) => {
+                        if !opts.network_only || is_network_class(dev.class) {
+                            pci.insert(addr, dev);
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    (pci, errors)
+}
+
+fn read_netdevs(root: &HostRoot) -> Part<BTreeMap<String, Netdev>> {
+    let (mut netdevs, mut errors) = (BTreeMap::new(), Vec::new());
+    match list_netdevs(root).and_then(|names| {
+        Ok((
+            names,
+            SysDir::open(&root.class_net(), "net class directory")?,
+        ))
+    }) {
+        Ok((names, class_net)) => {
+            for name in names {
+                match read_netdev_at(&class_net, &name) {
+                    Ok(n) => {
+                        netdevs.insert(name, n);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    (netdevs, errors)
 }
 
 /// Char devices and RDMA devices, with the errors met, in scan order.
