@@ -10,6 +10,7 @@
 //! differs from the store.
 
 pub mod admission;
+mod device_class;
 pub mod drain;
 pub mod leader;
 pub mod metrics;

@@ -1,11 +1,13 @@
-//! What one network reconcile writes: its attachment definitions, its
+//! What one network reconcile writes: its attachment definitions (or,
+//! `frontend: dra`, its DeviceClass: [`super::device_class`]), its
 //! status, events (node specs and the ConfigMap are the node loop's).
 
 use super::{Context, Error, MANAGER};
 use k8s_openapi::api::core::v1::Node;
 use kroce_operator::crd::conditions::stamp_transitions;
 use kroce_operator::crd::{
-    Condition, RdmaNetwork, RdmaNetworkStatus, RdmaNodeState, RdmaNodeStateSpec, SyncState,
+    Condition, Frontend, RdmaNetwork, RdmaNetworkStatus, RdmaNodeState, RdmaNodeStateSpec,
+    SyncState,
 };
 use kroce_operator::names::{MANAGED_BY_LABEL, NETWORK_LABEL};
 use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
@@ -212,8 +214,7 @@ async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<NadOu
 }
 
 /// The attachment problems in the network's status: `Degraded` (and so
-/// not `Ready`) with a reason that says what to do. Other degradations
-/// keep their reason; the message gets this one too.
+/// not `Ready`) with a reason that says what to do.
 fn attachment_problems(status: &mut RdmaNetworkStatus, nads: &NadOutcome) {
     let problem = if nads.crd_missing {
         Some((
@@ -235,9 +236,14 @@ fn attachment_problems(status: &mut RdmaNetworkStatus, nads: &NadOutcome) {
     } else {
         None
     };
-    let Some((reason, message)) = problem else {
-        return;
-    };
+    if let Some((reason, message)) = problem {
+        degrade(status, reason, message);
+    }
+}
+
+/// `Degraded` (and so not `Ready`) for `reason`. Other degradations keep
+/// their reason; the message gets this one too.
+pub(crate) fn degrade(status: &mut RdmaNetworkStatus, reason: &str, message: String) {
     for c in status.conditions.iter_mut() {
         match c.type_.as_str() {
             "Degraded" if c.is_true() => {
@@ -430,21 +436,32 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
             .count() as i64,
     );
     let valid = !plan.invalid.contains_key(&name);
-    // An invalid spec keeps its existing attachment definitions untouched.
-    let nads = if valid {
-        sync_nads(ctx, net, true).await?
+    let dra = net.spec.frontend == Frontend::Dra;
+    // An invalid spec keeps its existing attachment definitions (and
+    // DeviceClass) untouched. A DRA network has a DeviceClass instead of
+    // attachment definitions (left over ones go; no Multus needed).
+    let (nads, class) = if valid {
+        let mut nads = sync_nads(ctx, net, !dra).await?;
+        if dra {
+            nads.crd_missing = false;
+        }
+        let class = super::device_class::sync(ctx, net, &world, &plan, dra).await?;
+        (nads, class)
     } else {
-        NadOutcome::default()
+        Default::default()
     };
     let mut status = network_status(net, &plan, &world.states);
     attachment_problems(&mut status, &nads);
+    if let Some((reason, message)) = &class.problem {
+        degrade(&mut status, reason, message.clone());
+    }
     let degraded = status
         .conditions
         .iter()
         .find(|c| c.type_ == "Degraded" && c.is_true())
         .cloned();
     let changed_status = patch_status(ctx, net, status).await?;
-    for c in &nads.changes {
+    for c in nads.changes.iter().chain(&class.changes) {
         publish(ctx, net, EventType::Normal, "Applied", c.clone()).await;
     }
     if let Some(d) = degraded
@@ -494,6 +511,8 @@ pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, 
     }
     let world = world(ctx);
     let plan = plan_world(&world);
+    let class = super::device_class::sync(ctx, net, &world, &plan, false).await?;
+    changes.extend(class.changes);
     super::admission::cleanup_network(ctx, net, &plan).await?;
     for c in &changes {
         publish(ctx, net, EventType::Normal, "Cleanup", c.clone()).await;

@@ -748,3 +748,232 @@ async fn node_state_events_go_to_the_network_that_changed() {
         "{note}"
     );
 }
+
+const RESOURCE: &str = "/apis/resource.k8s.io/v1";
+
+/// `fast` of [`fast_and_bulk`] as a DRA network.
+fn make_fast_dra(server: &ApiServer, frontend: &str) {
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["spec"]["frontend"] = frontend.into();
+    });
+}
+
+/// Whether a DeviceClass CEL selector accepts a device as kroce-dra
+/// publishes it (unqualified attributes under the driver's domain).
+fn cel_selects(expression: &str, d: &k8s_openapi::api::resource::v1::Device) -> bool {
+    let mut attrs: std::collections::BTreeMap<String, serde_json::Map<String, Value>> =
+        Default::default();
+    for (k, v) in d.attributes.iter().flatten() {
+        let (domain, id) = k.rsplit_once('/').unwrap_or(("rdma.kroce.io", k));
+        let val = match (&v.string, v.int, v.bool) {
+            (Some(s), _, _) => json!(s),
+            (_, Some(i), _) => json!(i),
+            (_, _, Some(b)) => json!(b),
+            _ => json!(v.version),
+        };
+        attrs
+            .entry(domain.to_string())
+            .or_default()
+            .insert(id.to_string(), val);
+    }
+    let device = json!({"driver": "rdma.kroce.io", "attributes": attrs});
+    let program = cel::Program::compile(expression).unwrap();
+    let mut ctx = cel::Context::default();
+    ctx.add_variable("device", device).unwrap();
+    match program.execute(&ctx) {
+        Ok(cel::Value::Bool(b)) => b,
+        other => panic!("{expression} on {}: {other:?}", d.name),
+    }
+}
+
+/// The devices kroce-dra publishes for a host like the mock's n1 (the same
+/// ConnectX-6 Dx pair: ens1f0 at 0000:3b:00.0, ens2f0 at 0000:86:00.0).
+fn published_devices() -> Vec<k8s_openapi::api::resource::v1::Device> {
+    let fx = sriov_helpers::fixture::FixtureHost::connectx6dx_pair().unwrap();
+    let facts = kroce_dra::facts::HostFacts::scan(
+        &fx.root(),
+        &mut kroce_device_plugin::inventory::Memory::default(),
+    );
+    kroce_dra::slice::devices(&facts, &Default::default())
+        .into_iter()
+        .map(|p| p.device)
+        .collect()
+}
+
+#[tokio::test]
+async fn dra_network_gets_a_device_class_instead_of_a_pool_and_attachment_definitions() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    make_fast_dra(&server, "dra");
+    reconcile_twice(&ctx, &server, "fast").await;
+    reconcile_twice(&ctx, &server, "bulk").await;
+    server.edit(KROCE, "rdmanodestates", "", "n1", |o| {
+        o["status"]["observedGeneration"] = o["metadata"]["generation"].clone();
+        o["status"]["syncState"] = "Succeeded".into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+
+    // The VFs are configured as before: fast's group is in n1's spec.
+    let n1 = state(&server, "n1").unwrap();
+    let groups: Vec<(&str, &str)> = n1.spec.pfs[0]
+        .vf_groups
+        .iter()
+        .map(|g| (g.network.as_str(), g.vf_range.as_str()))
+        .collect();
+    assert_eq!(groups, [("bulk", "4-7"), ("fast", "0-3")]);
+    // No device plugin pool and no attachment definitions for fast.
+    let cm = server
+        .get(CORE, "configmaps", "kroce-system", "kroce-device-plugin")
+        .unwrap();
+    let cfg: kroce_operator::plan::DevicePluginConfig =
+        serde_saphyr::from_str(cm["data"]["n1.yaml"].as_str().unwrap()).unwrap();
+    let pools: Vec<&str> = cfg.pools.iter().map(|p| p.resource_name.as_str()).collect();
+    assert_eq!(pools, ["rdma/bulk"]);
+    for ns in ["team-a", "team-b"] {
+        assert!(
+            server
+                .get(NADS, "network-attachment-definitions", ns, "fast")
+                .is_none(),
+            "{ns}"
+        );
+    }
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "bulk")
+            .is_some()
+    );
+
+    // The DeviceClass: labelled as fast's, selecting exactly fast's VFs
+    // (0-3 of ens1f0) among what kroce-dra publishes for such a host.
+    let dc = server
+        .get(RESOURCE, "deviceclasses", "", "fast")
+        .expect("DeviceClass fast");
+    assert_eq!(dc["metadata"]["labels"]["kroce.io/network"], "fast");
+    let expr = dc["spec"]["selectors"][0]["cel"]["expression"]
+        .as_str()
+        .unwrap();
+    let selected: Vec<String> = published_devices()
+        .iter()
+        .filter(|d| cel_selects(expr, d))
+        .map(|d| d.name.clone())
+        .collect();
+    assert_eq!(
+        selected,
+        [
+            "vf-0000-3b-00-2",
+            "vf-0000-3b-00-3",
+            "vf-0000-3b-00-4",
+            "vf-0000-3b-00-5"
+        ],
+        "{expr}"
+    );
+    // Its opaque config is what kroce-dra's own parser accepts.
+    let opaque = &dc["spec"]["config"][0]["opaque"];
+    assert_eq!(opaque["driver"], kroce_dra::driver::DRIVER_NAME);
+    let parsed = kroce_dra::config::parse(&opaque["parameters"], "DeviceClass fast").unwrap();
+    assert_eq!((parsed.vlan, parsed.mtu), (Some(100), Some(9000)));
+    assert_eq!(parsed.ipam.as_ref().unwrap()["type"], "host-local");
+    assert_eq!(parsed.memlock.unwrap().to_string(), "unlimited");
+
+    let st = net_status(&server, "fast");
+    assert_eq!(condition(&st, "Degraded")["status"], "False", "{st}");
+    assert_eq!(condition(&st, "Ready")["status"], "True", "{st}");
+
+    // A quiet reconcile writes nothing (the class is compared, not re-applied).
+    let before = server.requests().len();
+    reconcile_named(&ctx, &server, "fast").await;
+    let writes: Vec<String> = server.requests()[before..]
+        .iter()
+        .filter(|r| !r.starts_with("GET"))
+        .cloned()
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+
+    // A spec change reaches the class.
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["spec"]["vlan"] = 200.into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+    let dc = server.get(RESOURCE, "deviceclasses", "", "fast").unwrap();
+    assert_eq!(dc["spec"]["config"][0]["opaque"]["parameters"]["vlan"], 200);
+}
+
+#[tokio::test]
+async fn leaving_dra_or_deleting_the_network_removes_its_device_class() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    make_fast_dra(&server, "dra");
+    reconcile_twice(&ctx, &server, "fast").await;
+    assert!(server.get(RESOURCE, "deviceclasses", "", "fast").is_some());
+    // Back to the device plugin: attachment definitions, no class.
+    make_fast_dra(&server, "devicePlugin");
+    reconcile_named(&ctx, &server, "fast").await;
+    assert!(server.get(RESOURCE, "deviceclasses", "", "fast").is_none());
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "fast")
+            .is_some()
+    );
+    // And to DRA again: the attachment definitions go, the class returns.
+    make_fast_dra(&server, "dra");
+    reconcile_named(&ctx, &server, "fast").await;
+    assert!(
+        server
+            .get(NADS, "network-attachment-definitions", "team-a", "fast")
+            .is_none()
+    );
+    assert!(server.get(RESOURCE, "deviceclasses", "", "fast").is_some());
+    // Deleted: the class goes with it.
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z".into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+    assert!(server.get(RESOURCE, "deviceclasses", "", "fast").is_none());
+    assert!(server.get(KROCE, "rdmanetworks", "", "fast").is_none());
+}
+
+#[tokio::test]
+async fn a_foreign_device_class_of_the_same_name_is_left_alone_and_degrades() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    make_fast_dra(&server, "dra");
+    let foreign = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "fast"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.example.com\""}}]}
+    });
+    server.insert(RESOURCE, "deviceclasses", foreign.clone());
+    reconcile_twice(&ctx, &server, "fast").await;
+    let dc = server.get(RESOURCE, "deviceclasses", "", "fast").unwrap();
+    assert_eq!(dc["spec"], foreign["spec"]);
+    let d = condition(&net_status(&server, "fast"), "Degraded");
+    assert_eq!(d["status"], "True");
+    assert_eq!(d["reason"], "DeviceClassNameTaken");
+    assert!(
+        d["message"].as_str().unwrap().contains("DeviceClass fast"),
+        "{d}"
+    );
+    // Deleting the network leaves it too.
+    server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z".into();
+    });
+    reconcile_named(&ctx, &server, "fast").await;
+    assert!(server.get(KROCE, "rdmanetworks", "", "fast").is_none());
+    assert!(server.get(RESOURCE, "deviceclasses", "", "fast").is_some());
+}
+
+#[tokio::test]
+async fn dra_without_resource_api_or_multus_says_what_is_missing() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    make_fast_dra(&server, "dra");
+    for kind in ["deviceclasses", "network-attachment-definitions"] {
+        server.unserved.lock().unwrap().insert(kind.into());
+    }
+    reconcile_twice(&ctx, &server, "fast").await;
+    let d = condition(&net_status(&server, "fast"), "Degraded");
+    // Multus is not needed for DRA: only the resource API is named.
+    assert_eq!(d["reason"], "DeviceClassApiNotServed", "{d}");
+    assert!(d["message"].as_str().unwrap().contains("1.34"), "{d}");
+    assert!(!d["message"].as_str().unwrap().contains("Multus"), "{d}");
+}
