@@ -1,0 +1,372 @@
+//! Shared HCAs: the device plugin config's `mode: shared` pools turned
+//! into DRA slots (`shared-<pci>-<i>`) on fixture hosts, the plugin reading
+//! that config file, and what preparing a slot writes. No root needed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::api::resource::v1::Device;
+use kroce_device_plugin::config::{Format, parse};
+use kroce_device_plugin::inventory::Memory;
+use kroce_dra::claims::ClaimRef;
+use kroce_dra::config::{CONFIG_API_VERSION, CONFIG_KIND, ConfigSource};
+use kroce_dra::driver::DRIVER_NAME;
+use kroce_dra::facts::HostFacts;
+use kroce_dra::plugin::{Options, Plugin};
+use kroce_dra::prepare::{CdiSpec, Paths};
+use kroce_dra::sharing::{FileRules, SharingRules};
+use kroce_dra::slice::{self, Published, SHARED_ATTRIBUTE, Sharing};
+use kroce_dra::testing::{
+    ConfigEntry, InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim,
+    scratch_dir,
+};
+use serde_json::json;
+use sriov_helpers::PciAddress;
+use sriov_helpers::fixture::FixtureHost;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+const NODE: &str = "node-a";
+
+/// The device plugin's shared pool for ConnectX-6 Dx PFs (101d), 3 slots.
+const SHARED_PFS: &str = "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 3\n  selectors: {devices: [\"101d\"]}\n- resourceName: vf\n  selectors: {devices: [\"101e\"]}\n";
+
+fn sharing(yaml: &str) -> Sharing {
+    Sharing::from_config(&parse(yaml, Format::Yaml).unwrap())
+}
+
+fn published(fx: &FixtureHost, in_use: &[&str], s: &Sharing) -> Vec<Published> {
+    let facts = HostFacts::scan(&fx.root(), &mut Memory::default());
+    let in_use: BTreeSet<String> = in_use.iter().map(|s| s.to_string()).collect();
+    slice::devices_with(&facts, &in_use, s)
+}
+
+fn names(p: &[Published]) -> Vec<String> {
+    p.iter().map(|p| p.device.name.clone()).collect()
+}
+
+fn shared_attr(d: &Device) -> Option<bool> {
+    d.attributes
+        .as_ref()
+        .and_then(|a| a.get(SHARED_ATTRIBUTE))
+        .and_then(|a| a.bool)
+}
+
+#[test]
+fn shared_pool_gives_each_hca_its_slots_beside_its_vfs() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    let devs = published(&fx, &[], &sharing(SHARED_PFS));
+    let slots: Vec<&Published> = devs.iter().filter(|p| p.shared_slot.is_some()).collect();
+    assert_eq!(
+        names(&slots.iter().map(|p| (*p).clone()).collect::<Vec<_>>()),
+        [
+            "shared-0000-3b-00-0-0",
+            "shared-0000-3b-00-0-1",
+            "shared-0000-3b-00-0-2",
+            "shared-0000-86-00-0-0",
+            "shared-0000-86-00-0-1",
+            "shared-0000-86-00-0-2",
+        ]
+    );
+    // The 16 VFs stay one exclusive device each.
+    assert_eq!(devs.len(), 16 + 6, "{:?}", names(&devs));
+    for p in &devs {
+        let is_slot = p.shared_slot.is_some();
+        assert_eq!(shared_attr(&p.device), Some(is_slot), "{}", p.device.name);
+        assert_eq!(slice::is_shared_slot(&p.device.name), is_slot);
+    }
+    // A slot carries the HCA's attributes, PCIe root included (a claim can
+    // pair it with a GPU on the same root).
+    let a = slots[0].device.attributes.as_ref().unwrap();
+    assert_eq!(a["type"].string.as_deref(), Some("pci"));
+    assert_eq!(a["pciAddress"].string.as_deref(), Some("0000:3b:00.0"));
+    assert_eq!(a["netdev"].string.as_deref(), Some("ens1f0"));
+    assert_eq!(
+        a[slice::PCIE_ROOT_ATTRIBUTE].string.as_deref(),
+        Some("pci0000:3a")
+    );
+    assert!(
+        a["rdmaDevice"]
+            .string
+            .as_deref()
+            .unwrap()
+            .starts_with("mlx5_")
+    );
+
+    // Without the sharing rules: no slots, and the VFs say shared: false.
+    let plain = published(&fx, &[], &Sharing::default());
+    assert_eq!(plain.len(), 16);
+    assert!(plain.iter().all(|p| shared_attr(&p.device) == Some(false)));
+}
+
+#[test]
+fn an_earlier_exclusive_pool_keeps_the_hca_exclusive_like_the_device_plugin() {
+    let mut fx = FixtureHost::unknown_numa().unwrap();
+    fx.set_num_vfs(&PciAddress::new(0, 5, 0, 0), 0).unwrap();
+    let shared_only = "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 2\n  selectors: {isRdma: true}\n";
+    assert_eq!(
+        names(&published(&fx, &[], &sharing(shared_only))),
+        ["shared-0000-05-00-0-0", "shared-0000-05-00-0-1"]
+    );
+    let exclusive_first = "pools:\n- resourceName: pf\n  selectors: {isRdma: true}\n- resourceName: hca\n  mode: shared\n  sharedCount: 2\n  selectors: {isRdma: true}\n";
+    assert_eq!(
+        names(&published(&fx, &[], &sharing(exclusive_first))),
+        ["pf-0000-05-00-0"]
+    );
+}
+
+#[test]
+fn an_hca_held_in_one_mode_is_offered_in_that_mode_only() {
+    let mut fx = FixtureHost::unknown_numa().unwrap();
+    fx.set_num_vfs(&PciAddress::new(0, 5, 0, 0), 0).unwrap();
+    let shared = sharing(
+        "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 2\n  selectors: {isRdma: true}\n",
+    );
+    // Sharing turned on while a claim holds the whole HCA: still exclusive.
+    assert_eq!(
+        names(&published(&fx, &["pf-0000-05-00-0"], &shared)),
+        ["pf-0000-05-00-0"]
+    );
+    // Sharing turned off while a slot is held: no exclusive device (its
+    // netdev would be moved from under the slot's holder) until released.
+    assert!(published(&fx, &["shared-0000-05-00-0-1"], &Sharing::default()).is_empty());
+    assert_eq!(
+        names(&published(&fx, &[], &Sharing::default())),
+        ["pf-0000-05-00-0"]
+    );
+}
+
+#[test]
+fn unhealthy_hca_taints_every_slot() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    fx.set_operstate("ens1f0", "down").unwrap();
+    let devs = published(&fx, &[], &sharing(SHARED_PFS));
+    for p in devs
+        .iter()
+        .filter(|p| p.device.name.starts_with("shared-0000-3b"))
+    {
+        assert!(p.device.taints.is_some(), "{}", p.device.name);
+    }
+    for p in devs
+        .iter()
+        .filter(|p| p.device.name.starts_with("shared-0000-86"))
+    {
+        assert!(p.device.taints.is_none(), "{}", p.device.name);
+    }
+}
+
+#[test]
+fn file_rules_reload_and_keep_the_last_good_rules() {
+    let dir = scratch_dir("kroce-dra-").unwrap();
+    let path = dir.path().join("config.yaml");
+    let missing = FileRules::load(&path).unwrap_err().to_string();
+    assert!(missing.contains(&path.display().to_string()), "{missing}");
+    std::fs::write(&path, SHARED_PFS).unwrap();
+    let rules = FileRules::load(&path).unwrap();
+    assert_eq!(rules.current(), sharing(SHARED_PFS));
+    // A bad edit: the last good rules stay.
+    std::fs::write(&path, "pools:\n- resourceName: hca\n  mode: bogus\n").unwrap();
+    assert_eq!(rules.current(), sharing(SHARED_PFS));
+    // Gone (a ConfigMap swap in progress): still the last good rules.
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(rules.current(), sharing(SHARED_PFS));
+    // A good edit: taken.
+    let two = SHARED_PFS.replace("sharedCount: 3", "sharedCount: 2");
+    std::fs::write(&path, &two).unwrap();
+    assert_eq!(rules.current(), sharing(&two));
+    assert_ne!(rules.current(), sharing(SHARED_PFS));
+}
+
+fn cfg(extra: serde_json::Value) -> ConfigEntry {
+    let mut p = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
+    for (k, v) in extra.as_object().unwrap() {
+        p[k] = v.clone();
+    }
+    ConfigEntry {
+        source: ConfigSource::FromClaim,
+        requests: vec![],
+        driver: DRIVER_NAME.into(),
+        parameters: p,
+    }
+}
+
+fn claim(
+    claims: &InMemoryClaims,
+    name: &str,
+    uid: &str,
+    device: &str,
+    configs: &[ConfigEntry],
+) -> ClaimRef {
+    let c = ClaimRef {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    claims.insert(allocated_claim(
+        &c,
+        DRIVER_NAME,
+        NODE,
+        &[("hca", device)],
+        configs,
+    ));
+    c
+}
+
+/// The plugin started with the device plugin's config file: slots are
+/// published, two claims prepare two slots of one HCA with its char devices
+/// and no device-info file, a slot with network settings is refused, and a
+/// config edit is picked up by the next rescan.
+#[tokio::test]
+async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
+    let dir = scratch_dir("kroce-dra-").unwrap();
+    let root = dir.path().to_path_buf();
+    let mut fx = FixtureHost::at(&root.join("host")).unwrap();
+    fx.populate_connectx6dx_pair().unwrap();
+    let config = root.join("dp-config.yaml");
+    std::fs::write(&config, SHARED_PFS).unwrap();
+    let opts = Options {
+        node: NODE.into(),
+        kubelet_dir: root.join("kubelet"),
+        host_root: fx.root(),
+        paths: Paths {
+            cdi_dir: root.join("cdi"),
+            devinfo_dir: root.join("devinfo"),
+            memlock_dir: Some(root.join("memlock")),
+            network_dir: None,
+        },
+        state_dir: root.join("state"),
+        rescan: Duration::from_millis(100),
+    };
+    let claims = Arc::new(InMemoryClaims::default());
+    let publisher = Arc::new(RecordingPublisher::default());
+    let kubelet = KubeletDraStandIn::start(&opts.kubelet_dir).unwrap();
+    let plugin = Plugin::start_with(
+        opts.clone(),
+        Arc::new(FileRules::load(&config).unwrap()),
+        claims.clone(),
+        publisher.clone(),
+    )
+    .await
+    .unwrap();
+    kubelet.wait_registered(DRIVER_NAME, 1).await.unwrap();
+    let p = publisher.clone();
+    let count = |p: &RecordingPublisher, prefix: &str| {
+        p.slices(NODE)
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .filter(|d| d.name.starts_with(prefix))
+            .count()
+    };
+    kubelet
+        .wait_for(Duration::from_secs(5), "slots published", |_| {
+            (count(&p, "shared-") == 6).then_some(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(count(&publisher, "vf-"), 16);
+
+    let a = claim(
+        &claims,
+        "a",
+        "00000000-0000-4000-8000-00000000000a",
+        "shared-0000-3b-00-0-0",
+        &[cfg(json!({"memlock": "1Gi"}))],
+    );
+    let b = claim(
+        &claims,
+        "b",
+        "00000000-0000-4000-8000-00000000000b",
+        "shared-0000-3b-00-0-1",
+        &[],
+    );
+    let resp = kubelet
+        .prepare(DRIVER_NAME, &[a.clone(), b.clone()])
+        .await
+        .unwrap();
+    for c in [&a, &b] {
+        assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
+        let spec: CdiSpec = serde_json::from_slice(
+            &std::fs::read(
+                opts.paths
+                    .cdi_dir
+                    .join(format!("rdma.kroce.io-claim_{}.json", c.uid)),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let nodes: Vec<&str> = spec.devices[0]
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert!(
+            nodes
+                .iter()
+                .any(|n| n.starts_with("/dev/infiniband/uverbs")),
+            "{nodes:?}"
+        );
+        assert!(nodes.contains(&"/dev/infiniband/rdma_cm"), "{nodes:?}");
+        let env = &spec.devices[0].container_edits.env;
+        assert!(
+            env.iter().any(|e| e.ends_with("_PCI_ADDRESS=0000:3b:00.0")),
+            "{env:?}"
+        );
+    }
+    // Both holders got the same char devices; nobody got a device-info
+    // file (a CNI reading one could move the HCA's netdev).
+    let files: Vec<_> = std::fs::read_dir(&opts.paths.devinfo_dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(files.is_empty(), "{files:?}");
+    assert!(
+        opts.paths
+            .memlock_dir
+            .as_ref()
+            .unwrap()
+            .join(format!("{}.json", a.uid))
+            .exists()
+    );
+
+    // Network settings on a slot: refused, naming the device and field,
+    // nothing written.
+    let c = claim(
+        &claims,
+        "c",
+        "00000000-0000-4000-8000-00000000000c",
+        "shared-0000-3b-00-0-2",
+        &[cfg(json!({"vlan": 100}))],
+    );
+    let resp = kubelet
+        .prepare(DRIVER_NAME, std::slice::from_ref(&c))
+        .await
+        .unwrap();
+    let err = &resp.claims[&c.uid].error;
+    assert!(
+        err.contains("shared-0000-3b-00-0-2") && err.contains("vlan"),
+        "{err}"
+    );
+    assert!(
+        !opts
+            .paths
+            .cdi_dir
+            .join(format!("rdma.kroce.io-claim_{}.json", c.uid))
+            .exists()
+    );
+
+    // Sharing turned off in the config: the next rescan drops the slots.
+    std::fs::write(
+        &config,
+        "pools:\n- resourceName: vf\n  selectors: {devices: [\"101e\"]}\n",
+    )
+    .unwrap();
+    kubelet
+        .wait_for(Duration::from_secs(5), "slots dropped", |_| {
+            (count(&p, "shared-") == 0).then_some(())
+        })
+        .await
+        .unwrap();
+    // Held slots still unprepare.
+    let un = kubelet.unprepare(DRIVER_NAME, &[a, b]).await.unwrap();
+    assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
+    plugin.stop().await;
+}
