@@ -337,6 +337,10 @@ impl<R: CniRunner> PodNetwork<R> {
         &self.dir
     }
 
+    pub fn cni(&self) -> &R {
+        &self.cni
+    }
+
     /// Every request in the dir; unreadable ones are logged and skipped
     /// (a broken file of another pod must not fail this one).
     pub fn requests(&self) -> Vec<AttachRequest> {
