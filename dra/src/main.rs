@@ -47,7 +47,8 @@ struct Cli {
     network_dir: PathBuf,
     /// The device plugin's pool config (the same file/ConfigMap): HCAs its
     /// `mode: shared` pools take are published as `sharedCount` slots
-    /// `shared-<pci>-<i>`. Re-read at every rescan. Unset: no HCA is shared.
+    /// `shared-<pci>-<i>`. Re-read at every rescan; absent (no network on
+    /// this node yet) or unset: no HCA is shared.
     #[arg(long, env = "KROCE_DP_CONFIG")]
     device_plugin_config: Option<PathBuf>,
     /// Host rescan interval in milliseconds.

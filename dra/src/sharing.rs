@@ -43,7 +43,7 @@ impl SharingRules for Sharing {
     }
 }
 
-/// The device plugin's config file.
+/// The device plugin's config file. An empty or absent file: no sharing.
 #[derive(Debug)]
 pub struct FileRules {
     path: PathBuf,
@@ -52,17 +52,28 @@ pub struct FileRules {
 }
 
 impl FileRules {
-    /// Reads the file once: a missing or bad file is a start-up error
-    /// naming the path (a plugin started with a sharing config it cannot
-    /// read would publish shared HCAs as exclusive devices).
+    /// Reads the file once. Absent is fine (the operator writes a node's
+    /// key only once a network selects the node: no pools, no sharing);
+    /// unreadable or invalid is a start-up error naming the path (the
+    /// plugin would otherwise publish shared HCAs as exclusive devices).
     pub fn load(path: &Path) -> Result<FileRules, SharingError> {
-        let (text, cfg) = dp_config::load(path).map_err(|source| SharingError {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let (text, sharing) = match dp_config::load(path) {
+            Ok((text, cfg)) => (text, Sharing::from_config(&cfg)),
+            Err(DpConfigError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                (String::new(), Sharing::default())
+            }
+            Err(source) => {
+                return Err(SharingError {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
         Ok(FileRules {
             path: path.to_path_buf(),
-            last: Mutex::new((text, Sharing::from_config(&cfg), None)),
+            last: Mutex::new((text, sharing, None)),
         })
     }
 }
@@ -75,6 +86,9 @@ impl SharingRules for FileRules {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let text = match std::fs::read_to_string(&self.path) {
             Ok(t) => t,
+            // The key was removed (ConfigMap volumes swap atomically, so
+            // this is not a transient state): no pools, no sharing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => {
                 let msg = e.to_string();
                 if last.2.as_deref() != Some(msg.as_str()) {
@@ -85,6 +99,11 @@ impl SharingRules for FileRules {
             }
         };
         if text == last.0 {
+            return last.1.clone();
+        }
+        if text.is_empty() {
+            *last = (text, Sharing::default(), None);
+            tracing::info!(path = %self.path.display(), "no device plugin config: no HCA shared");
             return last.1.clone();
         }
         match dp_config::parse(&text, dp_config::Format::detect(Some(&self.path), &text)) {

@@ -158,22 +158,33 @@ fn unhealthy_hca_taints_every_slot() {
 fn file_rules_reload_and_keep_the_last_good_rules() {
     let dir = scratch_dir("kroce-dra-").unwrap();
     let path = dir.path().join("config.yaml");
-    let missing = FileRules::load(&path).unwrap_err().to_string();
-    assert!(missing.contains(&path.display().to_string()), "{missing}");
-    std::fs::write(&path, SHARED_PFS).unwrap();
+    // Absent (no network on this node yet): no sharing, and it is picked
+    // up once written.
     let rules = FileRules::load(&path).unwrap();
+    assert_eq!(rules.current(), Sharing::default());
+    std::fs::write(&path, SHARED_PFS).unwrap();
     assert_eq!(rules.current(), sharing(SHARED_PFS));
+    // Invalid at start: an error naming the path.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "pools: 3\n").unwrap();
+    let e = FileRules::load(&bad).unwrap_err().to_string();
+    assert!(e.contains(&bad.display().to_string()), "{e}");
     // A bad edit: the last good rules stay.
     std::fs::write(&path, "pools:\n- resourceName: hca\n  mode: bogus\n").unwrap();
     assert_eq!(rules.current(), sharing(SHARED_PFS));
-    // Gone (a ConfigMap swap in progress): still the last good rules.
+    // Unreadable (a directory in its place): still the last good rules.
     std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
     assert_eq!(rules.current(), sharing(SHARED_PFS));
+    std::fs::remove_dir(&path).unwrap();
     // A good edit: taken.
     let two = SHARED_PFS.replace("sharedCount: 3", "sharedCount: 2");
     std::fs::write(&path, &two).unwrap();
     assert_eq!(rules.current(), sharing(&two));
     assert_ne!(rules.current(), sharing(SHARED_PFS));
+    // The key removed: no sharing.
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(rules.current(), Sharing::default());
 }
 
 fn cfg(extra: serde_json::Value) -> ConfigEntry {
