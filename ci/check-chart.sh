@@ -48,6 +48,12 @@ check serviceMonitor-without-api
 # Eviction is granted only with drainHeldVfs.
 render drain --set operator.drainHeldVfs=true
 check drain --drain
+# DRA: the plugin container, its mounts, DeviceClasses (CEL evaluated on
+# sample devices), ResourceSlice RBAC and the own-node policy; shared HCAs
+# from the chart's own sharing ConfigMap (examples/values-dra.yaml).
+render dra --set dra.enabled=true
+check dra --dra
+check values-dra --dra --dra-shared
 # A perftest namespace the admin creates: the chart only binds the role there.
 render existing-test-ns --set operator.createTestNamespace=false --set operator.testNamespace=rdma-tests
 check existing-test-ns --existing-namespace rdma-tests
@@ -85,6 +91,11 @@ expect_refused "bad log level" "/logLevel" --set logLevel=loud
 expect_refused "perftest pods in the release namespace" "operator.testNamespace" \
   --namespace kroce-system --set operator.testNamespace=kroce-system
 expect_refused "perftest namespace not a DNS label" "/operator/testNamespace" --set operator.testNamespace=Tests_NS
+expect_refused "relative DRA state dir" "/dra/paths/stateDir" --set dra.paths.stateDir=var/lib/kroce/dra
+expect_refused "shared pool without selectors" "/dra/sharedPools/0" --set dra.sharedPools[0].resourceName=hca
+expect_refused "shared pool count 0" "/dra/sharedPools/0/sharedCount" \
+  --set dra.sharedPools[0].resourceName=hca --set dra.sharedPools[0].sharedCount=0 \
+  --set dra.sharedPools[0].selectors.vendors[0]=15b3
 
 if [ "$fail" = 0 ]; then
   echo "chart: all checks passed"

@@ -13,18 +13,29 @@
 - No core-group events (only events.k8s.io, which kube's Recorder uses), no
   event verbs beyond create/patch, no `update` on rdmanetworks(/status).
 - ServiceMonitor rendered exactly when --servicemonitor says so.
+- DRA exactly when --dra (dra.enabled): the node DaemonSet's dra-plugin
+  container, its flags and the host paths behind them (kubelet plugins and
+  plugins_registry, /sys, /dev, CDI, state, device-info, the CNI state dir
+  for memlock/network-attach requests, the sharing config from a mounted
+  ConfigMap: the chart's own with --dra-shared, else the operator's per-node
+  key); the three DeviceClasses, whose CEL is evaluated on sample devices
+  (each must select exactly its kind); ResourceSlice writes granted to the
+  node service account only and narrowed to its own node by a
+  ValidatingAdmissionPolicy; claims get and status patch. The operator may
+  write DeviceClasses (for `frontend: dra` networks) in every render.
 
 Usage: check_chart_objects.py FILE --namespace NS [--drain] [--servicemonitor]
-       [--existing-namespace NS]
+       [--existing-namespace NS] [--dra [--dra-shared]]
 Exit 1 with one line per violation.
 """
 import argparse
+import os
 import sys
 
 import yaml
 
 CLUSTER_SCOPED = {
-    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "DeviceClass",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "PriorityClass",
     "RdmaNetwork", "RdmaNodeState",
 }
@@ -39,6 +50,195 @@ def grants(rule, group, resource, verb):
             and has(rule.get("verbs", []), verb))
 
 
+# One device of each kind as kroce-dra publishes it (attributes of driver
+# rdma.kroce.io), and one of another driver.
+SAMPLE_DEVICES = {
+    "vf": {"driver": "rdma.kroce.io", "attributes": {"rdma.kroce.io": {
+        "type": "vf", "shared": False, "pciAddress": "0000:3b:00.2", "vfIndex": 0}}},
+    "shared-slot": {"driver": "rdma.kroce.io", "attributes": {"rdma.kroce.io": {
+        "type": "pci", "shared": True, "pciAddress": "0000:3b:00.0"}}},
+    "pf": {"driver": "rdma.kroce.io", "attributes": {"rdma.kroce.io": {
+        "type": "pci", "shared": False, "pciAddress": "0000:05:00.0"}}},
+    "soft": {"driver": "rdma.kroce.io", "attributes": {"rdma.kroce.io": {
+        "type": "soft", "shared": False, "netdev": "eth9"}}},
+    "gpu": {"driver": "gpu.nvidia.com", "attributes": {"gpu.nvidia.com": {
+        "type": "gpu"}}},
+}
+# DeviceClass -> the one sample it must select.
+DEVICE_CLASSES = {
+    "rdma-vf.kroce.io": "vf",
+    "rdma-shared-hca.kroce.io": "shared-slot",
+    "rdma-soft.kroce.io": "soft",
+}
+
+
+def cel_selected(expression, errors, where):
+    """The sample devices a CEL selector selects (None: cannot evaluate)."""
+    try:
+        import celpy
+    except ImportError:
+        errors.append(f"{where}: cel-python is needed to check DeviceClass selectors (pip install cel-python)")
+        return None
+    env = celpy.Environment()
+    try:
+        prog = env.program(env.compile(expression))
+    except celpy.CELParseError as e:
+        errors.append(f"{where}: CEL does not parse: {e}")
+        return None
+    out = set()
+    for name, dev in SAMPLE_DEVICES.items():
+        try:
+            v = prog.evaluate({"device": celpy.json_to_cel(dev)})
+        except celpy.CELEvalError as e:
+            errors.append(f"{where}: CEL fails on a {name} device: {e}")
+            continue
+        if isinstance(v, celpy.CELEvalError):
+            errors.append(f"{where}: CEL fails on a {name} device: {v}")
+        elif bool(v):
+            out.add(name)
+    return out
+
+
+def check_dra(objs, a, errors, who_can):
+    ds = [o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-node")]
+    pod = ds[0]["spec"]["template"]["spec"] if len(ds) == 1 else {"containers": [], "volumes": []}
+    dra = [c for c in pod["containers"] if c["name"] == "dra-plugin"]
+    classes = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
+    slice_writers = {s for verb in ("create", "update", "patch", "delete")
+                     for s, _ in who_can("resource.k8s.io", "resourceslices", verb)}
+    op_dc = [v for v in ("get", "create", "patch", "delete")
+             if not any(s.endswith("-operator") for s, _ in who_can("resource.k8s.io", "deviceclasses", v))]
+    if op_dc:
+        errors.append(f"the operator may not {op_dc} deviceclasses (frontend: dra networks)")
+    if not a.dra:
+        if dra:
+            errors.append("dra-plugin container rendered although dra.enabled is off")
+        if classes:
+            errors.append(f"DeviceClasses {sorted(classes)} rendered although dra.enabled is off")
+        if slice_writers:
+            errors.append(f"resourceslices writable by {sorted(slice_writers)} although dra.enabled is off")
+        return
+    if len(dra) != 1:
+        errors.append(f"dra.enabled but {len(dra)} dra-plugin containers in the node DaemonSet")
+        return
+    c = dra[0]
+    where = "dra-plugin"
+    flags = {}
+    for arg in c.get("args", []):
+        k, _, v = arg.partition("=")
+        flags[k] = v
+    env = {e["name"]: e for e in c.get("env", [])}
+    if flags.get("--node-name") != "$(NODE_NAME)" or \
+            env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
+        errors.append(f"{where}: --node-name must be $(NODE_NAME) from spec.nodeName")
+    if "/usr/local/bin/kroce-dra-plugin" not in c.get("command", []):
+        errors.append(f"{where}: command is not kroce-dra-plugin: {c.get('command')}")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+
+    def host_mount(path, what, writable=True, host=None):
+        """`path` mounted from the host's `host` (default: the same path)."""
+        m = mounts.get(path)
+        if m is None:
+            errors.append(f"{where}: {what} {path} is not mounted")
+            return
+        hp = volumes.get(m["name"], {}).get("hostPath", {}).get("path")
+        if hp != (host or path):
+            errors.append(f"{where}: {what} {path} is mounted from {hp!r}, not the host's {host or path}")
+        if writable and m.get("readOnly"):
+            errors.append(f"{where}: {what} {path} is mounted read-only")
+
+    def under_mount(path, what):
+        """`path` inside a writable host mount at the same path."""
+        for mp, m in mounts.items():
+            hp = volumes.get(m["name"], {}).get("hostPath", {}).get("path")
+            if hp == mp and (path == mp or path.startswith(mp.rstrip("/") + "/")) and not m.get("readOnly"):
+                return
+        errors.append(f"{where}: {what} {path} is not inside a writable host mount at the same path")
+
+    for flag in ("--kubelet-dir", "--host-root", "--state-dir", "--cdi-dir", "--devinfo-dir",
+                 "--memlock-dir", "--network-dir", "--device-plugin-config"):
+        if not flags.get(flag):
+            errors.append(f"{where}: {flag} missing")
+    kubelet = flags.get("--kubelet-dir", "")
+    if kubelet:
+        host_mount(os.path.join(kubelet, "plugins"), "kubelet plugins dir")
+        host_mount(os.path.join(kubelet, "plugins_registry"), "kubelet plugins_registry dir")
+    root = flags.get("--host-root", "")
+    if root:
+        host_mount(os.path.join(root, "sys"), "host /sys", writable=False, host="/sys")
+        host_mount(os.path.join(root, "dev"), "host /dev", writable=False, host="/dev")
+    for flag, what in (("--state-dir", "state dir"), ("--cdi-dir", "CDI dir"),
+                       ("--devinfo-dir", "device-info dir")):
+        if flags.get(flag):
+            host_mount(flags[flag], what)
+    for flag, what in (("--memlock-dir", "memlock dir"), ("--network-dir", "network-attach dir")):
+        if flags.get(flag):
+            under_mount(flags[flag], what)
+    cfg = flags.get("--device-plugin-config", "")
+    if cfg:
+        m = mounts.get(os.path.dirname(cfg))
+        cm = volumes.get(m["name"], {}).get("configMap") if m else None
+        if cm is None:
+            errors.append(f"{where}: --device-plugin-config {cfg} is not in a mounted ConfigMap")
+        else:
+            rendered = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+            key = os.path.basename(cfg)
+            if a.dra_shared:
+                own = rendered.get(cm["name"])
+                if own is None or key not in (own.get("data") or {}):
+                    errors.append(f"{where}: sharing config {cfg}: ConfigMap {cm['name']} with key {key} is not rendered")
+                elif "mode: shared" not in own["data"][key]:
+                    errors.append(f"{where}: sharing config {cm['name']}/{key} has no shared pool")
+            elif cm["name"] != "kroce-device-plugin" or key != "$(NODE_NAME).yaml":
+                errors.append(f"{where}: --device-plugin-config {cfg} is not the device plugin's per-node key (ConfigMap kroce-device-plugin)")
+
+    if set(classes) != set(DEVICE_CLASSES):
+        errors.append(f"DeviceClasses {sorted(classes)}, expected {sorted(DEVICE_CLASSES)}")
+    for name, want in DEVICE_CLASSES.items():
+        dc = classes.get(name)
+        if dc is None:
+            continue
+        exprs = [s.get("cel", {}).get("expression", "") for s in dc.get("spec", {}).get("selectors", [])]
+        if len(exprs) != 1:
+            errors.append(f"DeviceClass/{name}: expected one CEL selector, got {len(exprs)}")
+            continue
+        got = cel_selected(exprs[0], errors, f"DeviceClass/{name}")
+        if got is not None and got != {want}:
+            errors.append(f"DeviceClass/{name}: selects {sorted(got)}, expected only a {want} device")
+
+    node_sa = [s for s in slice_writers if s.endswith("-node")]
+    if slice_writers - set(node_sa):
+        errors.append(f"resourceslices writable by more than the node service account: {sorted(slice_writers)}")
+    needs = [("resourceslices", v) for v in ("get", "list", "create", "update", "delete")] + \
+        [("resourceclaims", "get"), ("resourceclaims/status", "patch")]
+    for res, verb in needs:
+        if not any(s.endswith("-node") for s, _ in who_can("resource.k8s.io", res, verb)):
+            errors.append(f"the node service account may not {verb} {res}")
+    if not any(s.endswith("-node") for s, _ in who_can("", "nodes", "get")):
+        errors.append("the node service account may not get nodes (ResourceSlice owner)")
+    # RBAC cannot say "my node": the policy must.
+    vaps = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy" and any(
+        "resourceslices" in r.get("resources", []) and
+        {"CREATE", "UPDATE", "DELETE"} <= set(r.get("operations", []))
+        for r in o["spec"].get("matchConstraints", {}).get("resourceRules", []))]
+    if len(vaps) != 1:
+        errors.append(f"expected one ValidatingAdmissionPolicy on resourceslices, found {len(vaps)}")
+    else:
+        vap = vaps[0]
+        cond = " ".join(m.get("expression", "") for m in vap["spec"].get("matchConditions", []))
+        if f":{a.namespace}:" not in cond or "-node" not in cond:
+            errors.append(f"ValidatingAdmissionPolicy/{vap['metadata']['name']}: does not match the node service account")
+        text = yaml.safe_dump(vap["spec"].get("variables", [])) + yaml.safe_dump(vap["spec"].get("validations", []))
+        if "authentication.kubernetes.io/node-name" not in text or "nodeName" not in text:
+            errors.append(f"ValidatingAdmissionPolicy/{vap['metadata']['name']}: does not compare the token's node with spec.nodeName")
+        bound = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                 and o["spec"].get("policyName") == vap["metadata"]["name"]
+                 and "Deny" in o["spec"].get("validationActions", [])]
+        if not bound:
+            errors.append(f"ValidatingAdmissionPolicy/{vap['metadata']['name']}: no Deny binding")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
@@ -47,6 +247,8 @@ def main():
     ap.add_argument("--servicemonitor", action="store_true")
     ap.add_argument("--existing-namespace", action="append", default=[],
                     help="a namespace the admin creates (operator.createTestNamespace=false)")
+    ap.add_argument("--dra", action="store_true", help="dra.enabled")
+    ap.add_argument("--dra-shared", action="store_true", help="dra.sharedPools set")
     a = ap.parse_args()
     with open(a.file) as f:
         objs = [o for o in yaml.safe_load_all(f) if o]
@@ -149,6 +351,8 @@ def main():
             errors.append(f"{subj}: update on {resources} (the operator only patches them)")
         if "*" in verbs or "*" in resources:
             errors.append(f"{subj}: wildcard rule {r}")
+
+    check_dra(objs, a, errors, who_can)
 
     sm = [o for o in objs if o["kind"] == "ServiceMonitor"]
     if a.servicemonitor and not sm:
