@@ -751,10 +751,16 @@ async fn node_state_events_go_to_the_network_that_changed() {
 
 const RESOURCE: &str = "/apis/resource.k8s.io/v1";
 
-/// `fast` of [`fast_and_bulk`] as a DRA network.
+/// `fast` of [`fast_and_bulk`] as a DRA network (no attachment
+/// definition namespaces: the spec refuses them with DRA), or back.
 fn make_fast_dra(server: &ApiServer, frontend: &str) {
     server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
         o["spec"]["frontend"] = frontend.into();
+        o["spec"]["networkNamespaces"] = if frontend == "dra" {
+            json!([])
+        } else {
+            json!(["team-a", "team-b"])
+        };
     });
 }
 

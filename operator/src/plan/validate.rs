@@ -2,8 +2,8 @@
 //! catches types and ranges; this catches what a schema cannot (CPU lists,
 //! VF ranges against `numVfs`, IPAM shape), with messages naming the field.
 
-use crate::crd::RdmaNetworkSpec;
 use crate::crd::network::{MAX_IFNAME_LEN, MAX_NETWORK_NAMESPACES, MAX_PF_NAME_LEN, MAX_PF_NAMES};
+use crate::crd::{Frontend, RdmaNetworkSpec};
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::fmt;
 
@@ -70,6 +70,37 @@ fn is_ifname(s: &str) -> bool {
         && !s.chars().any(|c| c == '/' || c == ':' || c.is_whitespace())
 }
 
+/// A `frontend: dra` network: what only the device plugin path does yet is
+/// refused by name instead of silently not happening.
+fn validate_dra(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
+    if spec.admission.as_ref().is_some_and(|a| a.enabled) {
+        errors.push(err(
+            "spec.admission.enabled",
+            "true with frontend: dra; perftest admission runs its pods through the device plugin \
+             resource and Multus, which a dra network does not have (not supported yet: set \
+             admission.enabled: false or frontend: devicePlugin)",
+        ));
+    }
+    if !spec.network_namespaces.is_empty() {
+        errors.push(err(
+            "spec.networkNamespaces",
+            format!(
+                "{} with frontend: dra; a dra network has no NetworkAttachmentDefinitions (pods \
+                 claim its DeviceClass instead): leave networkNamespaces empty",
+                spec.network_namespaces.join(", ")
+            ),
+        ));
+    }
+    if let Some(q) = spec.vlan_qos {
+        errors.push(err(
+            "spec.vlanQoS",
+            format!(
+                "{q} with frontend: dra; the DRA plugin's config has no VLAN priority yet: unset it"
+            ),
+        ));
+    }
+}
+
 /// A soft-device network (`ifNames`): names, no VFs, no PF-level settings.
 fn validate_soft(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
     let mut seen = std::collections::BTreeSet::new();
@@ -127,6 +158,9 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             "spec.nicSelector",
             "is empty; set vendor, deviceID, pfNames or rootDevices (SR-IOV PFs) or ifNames (soft devices)",
         ));
+    }
+    if spec.frontend == Frontend::Dra {
+        validate_dra(spec, &mut errors);
     }
     if sel.selects_pfs() {
         if !sel.if_names.is_empty() {
@@ -417,5 +451,32 @@ mod tests {
         s.nic_selector = NicSelector::default();
         let errs = validate_network("a", &s).unwrap_err();
         assert_eq!(errs[0].field, "spec.nicSelector");
+    }
+
+    #[test]
+    fn dra_refuses_what_only_the_device_plugin_path_does() {
+        let mut s = spec();
+        s.frontend = Frontend::Dra;
+        validate_network("n", &s).unwrap();
+        s.network_namespaces = vec!["team-a".into()];
+        s.vlan = Some(100);
+        s.vlan_qos = Some(3);
+        s.admission = Some(serde_json::from_value(serde_json::json!({})).unwrap());
+        let fields: Vec<String> = validate_network("n", &s)
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.admission.enabled",
+                "spec.networkNamespaces",
+                "spec.vlanQoS"
+            ]
+        );
+        // The same spec through the device plugin is fine.
+        s.frontend = Frontend::DevicePlugin;
+        validate_network("n", &s).unwrap();
     }
 }
