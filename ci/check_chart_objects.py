@@ -111,6 +111,9 @@ def check_dra(objs, a, errors, who_can):
     if op_dc:
         errors.append(f"the operator may not {op_dc} deviceclasses (frontend: dra networks)")
     if not a.dra:
+        for x in pod["containers"]:
+            if x["name"] == "nri-memlock" and x.get("securityContext", {}).get("capabilities", {}).get("add"):
+                errors.append("nri-memlock: capabilities added although dra.enabled is off")
         if dra:
             errors.append("dra-plugin container rendered although dra.enabled is off")
         if classes:
@@ -193,6 +196,22 @@ def check_dra(objs, a, errors, who_can):
             elif cm["name"] != "kroce-device-plugin" or key != "$(NODE_NAME).yaml":
                 errors.append(f"{where}: --device-plugin-config {cfg} is not the device plugin's per-node key (ConfigMap kroce-device-plugin)")
 
+    # kroce-nri attaches the claims' VFs (no Multus).
+    nri = [x for x in pod["containers"] if x["name"] == "nri-memlock"]
+    if nri:
+        n = nri[0]
+        caps = set(n.get("securityContext", {}).get("capabilities", {}).get("add", []))
+        if not {"NET_ADMIN", "SYS_ADMIN"} <= caps:
+            errors.append(f"nri-memlock: DRA network attach needs NET_ADMIN and SYS_ADMIN, has {sorted(caps)}")
+        nargs = dict(x.partition("=")[::2] for x in n.get("args", []))
+        if nargs.get("--dra-network") != "true":
+            errors.append("nri-memlock: --dra-network=true missing with dra.enabled")
+        nmounts = {m["mountPath"] for m in n.get("volumeMounts", [])}
+        if nargs.get("--cni-bin-dir") not in nmounts:
+            errors.append(f"nri-memlock: --cni-bin-dir {nargs.get('--cni-bin-dir')} is not mounted")
+        net_dir = flags.get("--network-dir", "")
+        if not any(net_dir.startswith(mp.rstrip("/") + "/") for mp in nmounts):
+            errors.append(f"nri-memlock: the DRA plugin's --network-dir {net_dir} is not in its mounts")
     if set(classes) != set(DEVICE_CLASSES):
         errors.append(f"DeviceClasses {sorted(classes)}, expected {sorted(DEVICE_CLASSES)}")
     for name, want in DEVICE_CLASSES.items():
