@@ -1,0 +1,406 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! DRA network attachment under a REAL container runtime: containerd 2.1.9
+//! (CRI, NRI) with runc 1.1.5, driven over CRI as a kubelet drives it, with
+//! the kroce-nri binary attaching the VF of a DRA network-attach request
+//! (as the DRA plugin writes it at NodePrepareResources) at RunPodSandbox
+//! and releasing it at StopPodSandbox.
+//!
+//! The "VFs" are veths in the node netns named and addressed as the VFs of
+//! a fixture ConnectX-6 Dx (no SR-IOV in this kernel): VF 1 carries the
+//! pod's primary network (kroce-cni through containerd's libcni, eth0),
+//! VF 0 is the claim's. IPAM is Debian's real host-local. No PF-side
+//! settings (VLAN, PF-side MAC): the PF does not exist here.
+//!
+//! Checked: RunPodSandbox gives the pod `net1` (the VF with the claim's
+//! MTU and an address from the claim's IPAM) and the result file with the
+//! networkData; StopPodSandbox gives the VF back (name, MAC, MTU), releases
+//! its lease and removes the result, the primary network untouched by it;
+//! a request whose IPAM plugin does not exist fails RunPodSandbox with the
+//! node as before; cycles leak nothing.
+//!
+//! Needs root, netns, and the peers of `ci/real-peers.sh`; skips without
+//! them, except in CI, where a skip is a failure.
+
+#[allow(dead_code)]
+#[path = "rig/process.rs"]
+mod rig_process;
+#[allow(dead_code)]
+mod runtime;
+
+use kroce_cni::testing::NetnsGuard;
+use kroce_cni::testing::testbed::{CNI_BIN_DIR, unique_tag};
+use kroce_e2e::cri;
+use kroce_e2e::cri::runtime_service_client::RuntimeServiceClient;
+use rig_process::Daemon;
+use runtime::containerd::Containerd;
+use runtime::{Peers, image, skip_reason};
+use serde_json::{Value, json};
+use sriov_helpers::PciAddress;
+use sriov_helpers::fixture::{FixtureHost, PfSpec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+type Cri = RuntimeServiceClient<Channel>;
+
+const PRIMARY: &str = "kroce-ctd-primary";
+const VF_MTU: u32 = 1500;
+const CLAIM_MTU: u32 = 4000;
+const CLAIM_SUBNET: &str = "10.79.0.0/24";
+/// The DRA network's CNI name (host-local's lease dir): the contract's
+/// `CNI_NETWORK_NAME`, and the request dir `<state>/dra-attach`, written
+/// literally here: this test checks the files as the plugins exchange them.
+const DRA_NETWORK: &str = "rdma.kroce.io";
+
+struct Rig {
+    node: NetnsGuard,
+    fixture: FixtureHost,
+    ctd: Containerd,
+    nri: Daemon,
+    dir: PathBuf,
+    state_dir: PathBuf,
+    ipam_dir: PathBuf,
+    vf: [(PciAddress, String, String); 2],
+}
+
+/// A kroce binary next to the test executable (`<target>/<profile>/`) or
+/// in KROCE_BIN_DIR.
+fn bin(name: &str) -> PathBuf {
+    let dir = std::env::var_os("KROCE_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().unwrap();
+            exe.parent().unwrap().parent().unwrap().to_path_buf()
+        });
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "{} not found: run `cargo build -p kroce-nri -p kroce-cni --bins` first",
+        p.display()
+    );
+    p
+}
+
+fn setup(peers: &Peers, tag: &str) -> Rig {
+    let dir = tempfile::Builder::new()
+        .prefix("kroce-ctd-dra-")
+        .tempdir_in("/tmp")
+        .unwrap()
+        .keep();
+    let node = NetnsGuard::create(&format!("kroce-dra-{tag}")).unwrap();
+    let mut fixture = FixtureHost::new().unwrap();
+    fixture.add_numa_node(0, "0-15").unwrap();
+    fixture
+        .add_pf(PfSpec::connectx6dx("0000:3b:00.0", "ens1f0", Some(0), 2))
+        .unwrap();
+    let pf: PciAddress = "0000:3b:00.0".parse().unwrap();
+    let sysfs = fixture.path().join("sys");
+    let vf = [0u32, 1].map(|i| {
+        let pci = fixture.vf_address(&pf, i).unwrap();
+        let name = format!("ens1f0v{i}");
+        let mac = std::fs::read_to_string(sysfs.join("class/net").join(&name).join("address"))
+            .unwrap()
+            .trim()
+            .to_string();
+        let peer = format!("kdrapeer{i}");
+        node.ip(&[
+            "link",
+            "add",
+            &name,
+            "address",
+            &mac,
+            "mtu",
+            &VF_MTU.to_string(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+        ])
+        .unwrap();
+        node.ip(&["link", "set", &peer, "up"]).unwrap();
+        (pci, name, mac)
+    });
+
+    let mut ctd = Containerd::prepare(peers, &dir, &node.path).unwrap();
+    std::os::unix::fs::symlink(bin("kroce-cni"), ctd.cni_bin.join("kroce-cni")).unwrap();
+    for p in ["host-local", "loopback"] {
+        std::os::unix::fs::symlink(Path::new(CNI_BIN_DIR).join(p), ctd.cni_bin.join(p)).unwrap();
+    }
+    let state_dir = dir.join("kroce-state");
+    let ipam_dir = dir.join("ipam");
+    // The primary network: kroce-cni on VF 1 as eth0.
+    let primary = json!({"cniVersion": "1.1.0", "name": PRIMARY, "plugins": [{
+        "type": "kroce-cni",
+        "deviceID": vf[1].0.to_string(),
+        "rdma": false,
+        "sysfsRoot": sysfs,
+        "stateDir": state_dir,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]], "dataDir": ipam_dir},
+    }]});
+    std::fs::write(ctd.cni_conf.join("10-kroce.conflist"), primary.to_string()).unwrap();
+    ctd.start().unwrap();
+    let archive = image::build(&dir.join("image"), Path::new(runtime::BUSYBOX)).unwrap();
+    ctd.import(&archive).unwrap();
+
+    let mut cmd = Command::new(bin("kroce-nri"));
+    cmd.arg("--socket")
+        .arg(&ctd.nri_socket)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .arg("--host-root")
+        .arg(fixture.path())
+        .arg("--cni-bin-dir")
+        .arg(&ctd.cni_bin)
+        .env("RUST_LOG", "info");
+    let nri = Daemon::start("kroce-nri", &node.path, cmd, &dir.join("kroce-nri.log")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !nri.log_text().contains("synchronized") {
+        assert!(
+            Instant::now() < deadline,
+            "kroce-nri never synchronized:\n{}\n--- containerd\n{}",
+            nri.log_text(),
+            ctd.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Rig {
+        node,
+        fixture,
+        ctd,
+        nri,
+        dir,
+        state_dir,
+        ipam_dir,
+        vf,
+    }
+}
+
+impl Rig {
+    fn attach_dir(&self) -> PathBuf {
+        self.state_dir.join("dra-attach")
+    }
+
+    /// The request the DRA plugin writes at prepare for claim `uid`.
+    fn write_request(&self, uid: &str, pod_uid: &str, range: Value) {
+        std::fs::create_dir_all(self.attach_dir()).unwrap();
+        let (pci, netdev, _) = &self.vf[0];
+        let req = json!({
+            "version": 1, "claimUid": uid, "claimNamespace": "default",
+            "claimName": format!("claim-{uid}"), "podUids": [pod_uid],
+            "devices": [{
+                "device": "vf-0000-3b-00-2", "pool": "node-a", "request": "vf",
+                "pciAddress": pci.to_string(), "netdev": netdev,
+                "mtu": CLAIM_MTU, "rdma": false,
+                "ipam": {"type": "host-local", "ranges": [[range]],
+                    "dataDir": self.ipam_dir},
+            }],
+        });
+        std::fs::write(
+            self.attach_dir().join(format!("{uid}.json")),
+            req.to_string(),
+        )
+        .unwrap();
+    }
+
+    fn result(&self, uid: &str) -> Option<Value> {
+        std::fs::read(self.attach_dir().join(format!("{uid}.result.json")))
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    fn dra_leases(&self) -> Vec<String> {
+        std::fs::read_dir(self.ipam_dir.join(DRA_NETWORK))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("10.79."))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The claim's VF in the node netns as it was, its lease gone, no
+    /// kroce-cni claim for it.
+    fn assert_vf_home(&self, when: &str) {
+        let (pci, name, mac) = &self.vf[0];
+        let link = self.node.link(name);
+        assert_eq!(
+            link.as_ref().map(|l| (l.mac.as_str(), l.mtu)),
+            Some((mac.as_str(), u64::from(VF_MTU))),
+            "{when}: VF {name} not back: {link:?}\n--- kroce-nri\n{}",
+            self.nri.log_text()
+        );
+        assert!(
+            self.dra_leases().is_empty(),
+            "{when}: {:?}",
+            self.dra_leases()
+        );
+        let claim = self
+            .state_dir
+            .join("vf")
+            .join(format!("{}.json", pci.to_string().replace(':', "_")));
+        let claims: Vec<String> = std::fs::read_dir(self.state_dir.join("vf"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            claims.iter().all(|c| !c.contains(&pci.to_string()[5..])),
+            "{when}: kroce-cni still claims {pci}: {claims:?} ({})",
+            claim.display()
+        );
+    }
+}
+
+fn sandbox_config(name: &str, logs: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: logs.join(name).to_string_lossy().into_owned(),
+        linux: Some(cri::LinuxPodSandboxConfig::default()),
+        ..Default::default()
+    }
+}
+
+async fn run_pod(cri: &mut Cri, rig: &Rig, name: &str) -> Result<(String, String), String> {
+    let config = sandbox_config(name, &rig.dir.join("logs"));
+    let id = cri
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        })
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner()
+        .pod_sandbox_id;
+    let st = cri
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: Value = serde_json::from_str(st.info.get("info").expect("verbose info")).unwrap();
+    let netns = info["runtimeSpec"]["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .map(|p| {
+            Path::new(p)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .expect("sandbox netns");
+    Ok((id, netns))
+}
+
+async fn stop_and_remove(cri: &mut Cri, id: &str) {
+    cri.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: id.into(),
+    })
+    .await
+    .unwrap();
+    cri.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: id.into(),
+    })
+    .await
+    .unwrap();
+}
+
+fn ip_json(args: &[&str]) -> Value {
+    let out = Command::new("ip").arg("-j").args(args).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_vf_attached_at_run_and_released_at_stop_through_containerd() {
+    if skip_reason("dra_vf_attached_at_run_and_released_at_stop_through_containerd").is_some() {
+        return;
+    }
+    let peers = Peers::find().unwrap();
+    let rig = setup(&peers, &unique_tag());
+    let mut cri = rig.ctd.cri().await.unwrap();
+    let uid = "6c1d3e0a-0000-4000-8000-00000000dd01";
+
+    for cycle in 0..2 {
+        rig.write_request(uid, "uid-dra-pod", json!({"subnet": CLAIM_SUBNET}));
+        let (id, netns) = match run_pod(&mut cri, &rig, "dra-pod").await {
+            Ok(x) => x,
+            Err(e) => panic!(
+                "RunPodSandbox: {e}\n--- kroce-nri\n{}\n--- containerd\n{}",
+                rig.nri.log_text(),
+                rig.ctd.log_tail()
+            ),
+        };
+        let net1 = ip_json(&["-n", &netns, "addr", "show", "dev", "net1"]);
+        let net1 = &net1[0];
+        assert_eq!(net1["mtu"], CLAIM_MTU, "cycle {cycle}: {net1}");
+        assert_eq!(net1["address"], rig.vf[0].2.as_str(), "the VF's own MAC");
+        let addr = net1["addr_info"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["family"] == "inet")
+            .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+            .expect("an IPv4 address on net1");
+        assert!(addr.starts_with("10.79.0."), "{addr}");
+        // The primary network is there too, on the other VF.
+        assert!(!ip_json(&["-n", &netns, "link", "show", "dev", "eth0"])[0].is_null());
+        assert!(rig.node.link(&rig.vf[0].1).is_none(), "VF 0 left the node");
+        let result = rig.result(uid).expect("result file");
+        assert_eq!(result["podUid"], "uid-dra-pod");
+        assert_eq!(result["sandboxId"], id.as_str());
+        assert_eq!(
+            result["devices"][0],
+            json!({"device": "vf-0000-3b-00-2", "pool": "node-a", "interfaceName": "net1",
+                "ips": [addr], "hardwareAddress": rig.vf[0].2})
+        );
+        assert_eq!(rig.dra_leases().len(), 1);
+
+        stop_and_remove(&mut cri, &id).await;
+        rig.assert_vf_home(&format!("cycle {cycle}"));
+        assert!(rig.result(uid).is_none(), "result removed at release");
+        // The primary network's VF is back too (kroce-cni DEL via libcni).
+        assert!(rig.node.link(&rig.vf[1].1).is_some());
+    }
+
+    // A claim whose one address is leased to someone else: IPAM fails in
+    // the middle of the attach (the VF already in the pod), RunPodSandbox
+    // fails, the VF is back on the node, nothing of ours is left.
+    let foreign = rig.ipam_dir.join(DRA_NETWORK).join("10.79.0.5");
+    std::fs::create_dir_all(foreign.parent().unwrap()).unwrap();
+    std::fs::write(&foreign, "someone-else\r\neth0").unwrap();
+    rig.write_request(
+        uid,
+        "uid-dra-bad",
+        json!({"subnet": CLAIM_SUBNET, "rangeStart": "10.79.0.5", "rangeEnd": "10.79.0.5"}),
+    );
+    let e = run_pod(&mut cri, &rig, "dra-bad").await.unwrap_err();
+    assert!(
+        e.contains("vf-0000-3b-00-2") && e.contains("rolled back"),
+        "{e}"
+    );
+    std::fs::remove_file(&foreign).unwrap();
+    rig.assert_vf_home("failed RunPodSandbox");
+    assert!(rig.result(uid).is_none());
+    assert!(
+        rig.node.link(&rig.vf[1].1).is_some(),
+        "primary VF back after the failed sandbox"
+    );
+    let _ = &rig.fixture;
+}
