@@ -62,12 +62,12 @@ pub struct Published {
     pub shared_slot: Option<u32>,
 }
 
-/// Which HCAs are offered as shared slots: the pools of the device
-/// plugin's config, read with the device plugin's own rule (the first pool
-/// whose selectors match and whose mode can use the device takes it), so
-/// one ConfigMap says which HCAs are shared whichever front end offers
-/// them. An HCA an earlier exclusive pool takes stays exclusive. Empty (the
-/// default): no HCA is shared.
+/// What the device plugin's config says about each device: its pools,
+/// read with the device plugin's own rule (the first pool whose selectors
+/// match and whose mode can use the device takes it), so one ConfigMap
+/// decides for both front ends which HCAs are shared and which devices are
+/// the device plugin's ([`Sharing::offer`]). Empty (the default, or no
+/// config): every device is DRA's, none shared.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sharing {
     pools: Vec<PluginPool>,
@@ -80,23 +80,48 @@ impl Sharing {
         }
     }
 
-    /// The slot count of a candidate, `None` when it is not shared. Only a
-    /// PCI function (an HCA) with an RDMA device is: a VF a shared pool
-    /// selects is still one exclusive DRA device (DRA's point is handing
-    /// out VFs one by one), a soft device too.
-    pub fn slots(&self, c: &Candidate) -> Option<u32> {
-        if c.kind != DeviceKind::Pci || c.rdma.is_none() || c.pci.is_none() {
-            return None;
-        }
-        let pool = self
+    /// How DRA offers a candidate, by the pool the device plugin would put
+    /// it in: none → one exclusive DRA device; a shared pool and an HCA (a
+    /// PCI function with an RDMA device) → its slots (both front ends may
+    /// share it: no holder moves its netdev); any other pool → nothing, the
+    /// device plugin hands it out (a VF both offered could reach two pods,
+    /// and a DRA claim would move a netdev shared holders use).
+    pub fn offer(&self, c: &Candidate) -> Offer {
+        let Some(pool) = self
             .pools
             .iter()
-            .find(|p| selection::eligible(p, c) && selection::matches(&p.selectors, c))?;
+            .find(|p| selection::eligible(p, c) && selection::matches(&p.selectors, c))
+        else {
+            return Offer::Exclusive;
+        };
         match pool.mode {
-            Mode::Shared { count } if count > 0 => Some(count),
+            Mode::Shared { count }
+                if count > 0
+                    && c.kind == DeviceKind::Pci
+                    && c.rdma.is_some()
+                    && c.pci.is_some() =>
+            {
+                Offer::Slots(count)
+            }
+            _ => Offer::DevicePlugin,
+        }
+    }
+
+    /// The slot count of a candidate, `None` when it is not a shared HCA.
+    pub fn slots(&self, c: &Candidate) -> Option<u32> {
+        match self.offer(c) {
+            Offer::Slots(n) => Some(n),
             _ => None,
         }
     }
+}
+
+/// See [`Sharing::offer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    Exclusive,
+    Slots(u32),
+    DevicePlugin,
 }
 
 /// `shared-<pci>-<i>` (`shared-0000-3b-00-0-3`).
@@ -289,15 +314,17 @@ pub fn devices_with(
         let exclusive = device_name(c);
         let held_exclusive = exclusive.as_ref().is_some_and(|n| in_use.contains(n));
         let held_slots = in_use.iter().any(|n| slot_of(c, n).is_some());
-        // A sharing change never hands an HCA out twice: while it is
+        // A config change never hands a device out twice: while it is
         // prepared in one mode, it is offered in that mode only (the
         // exclusive device, or no device until its slots are released).
-        match sharing.slots(c) {
-            Some(n) if !held_exclusive => {
+        let offer = sharing.offer(c);
+        match offer {
+            Offer::Slots(n) if !held_exclusive => {
                 push_slots(&mut out, &mut seen, c, facts, n);
                 continue;
             }
-            None if held_slots => continue,
+            Offer::DevicePlugin if !held_exclusive => continue,
+            Offer::Exclusive | Offer::DevicePlugin if held_slots => continue,
             _ => {}
         }
         let Some(name) = exclusive else {

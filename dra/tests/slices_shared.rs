@@ -28,7 +28,9 @@ use std::time::Duration;
 const NODE: &str = "node-a";
 
 /// The device plugin's shared pool for ConnectX-6 Dx PFs (101d), 3 slots.
-const SHARED_PFS: &str = "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 3\n  selectors: {devices: [\"101d\"]}\n- resourceName: vf\n  selectors: {devices: [\"101e\"]}\n";
+const SHARED_PFS: &str = "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 3\n  selectors: {devices: [\"101d\"]}\n";
+/// The same, and the VFs (101e) in an exclusive device plugin pool.
+const SHARED_PFS_DP_VFS: &str = "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 3\n  selectors: {devices: [\"101d\"]}\n- resourceName: vf\n  selectors: {devices: [\"101e\"]}\n";
 
 fn sharing(yaml: &str) -> Sharing {
     Sharing::from_config(&parse(yaml, Format::Yaml).unwrap())
@@ -99,6 +101,25 @@ fn shared_pool_gives_each_hca_its_slots_beside_its_vfs() {
 }
 
 #[test]
+fn devices_the_device_plugin_hands_out_are_not_published() {
+    let fx = FixtureHost::connectx6dx_pair().unwrap();
+    // The VFs are in an exclusive device plugin pool: DRA leaves them to
+    // it (one VF offered by both could reach two pods); the HCAs' slots
+    // stay (shared either way).
+    let devs = published(&fx, &[], &sharing(SHARED_PFS_DP_VFS));
+    assert_eq!(devs.len(), 6, "{:?}", names(&devs));
+    assert!(devs.iter().all(|p| p.shared_slot.is_some()));
+    // A VF a DRA claim already holds stays published until released.
+    let held = published(&fx, &["vf-0000-3b-00-2"], &sharing(SHARED_PFS_DP_VFS));
+    assert!(names(&held).contains(&"vf-0000-3b-00-2".to_string()));
+    assert_eq!(held.len(), 7);
+    // A VF in a shared device plugin pool: not DRA's either.
+    let shared_vfs =
+        "pools:\n- resourceName: v\n  mode: shared\n  selectors: {devices: [\"101e\"]}\n";
+    assert!(published(&fx, &[], &sharing(shared_vfs)).is_empty());
+}
+
+#[test]
 fn an_earlier_exclusive_pool_keeps_the_hca_exclusive_like_the_device_plugin() {
     let mut fx = FixtureHost::unknown_numa().unwrap();
     fx.set_num_vfs(&PciAddress::new(0, 5, 0, 0), 0).unwrap();
@@ -107,11 +128,10 @@ fn an_earlier_exclusive_pool_keeps_the_hca_exclusive_like_the_device_plugin() {
         names(&published(&fx, &[], &sharing(shared_only))),
         ["shared-0000-05-00-0-0", "shared-0000-05-00-0-1"]
     );
+    // The device plugin's exclusive pool comes first: the PF is its, not
+    // shared and not DRA's.
     let exclusive_first = "pools:\n- resourceName: pf\n  selectors: {isRdma: true}\n- resourceName: hca\n  mode: shared\n  sharedCount: 2\n  selectors: {isRdma: true}\n";
-    assert_eq!(
-        names(&published(&fx, &[], &sharing(exclusive_first))),
-        ["pf-0000-05-00-0"]
-    );
+    assert!(published(&fx, &[], &sharing(exclusive_first)).is_empty());
 }
 
 #[test]
@@ -376,6 +396,8 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
         })
         .await
         .unwrap();
+    // ... and the VFs, now in the device plugin's pool, are its alone.
+    assert_eq!(count(&publisher, "vf-"), 0);
     // Held slots still unprepare.
     let un = kubelet.unprepare(DRIVER_NAME, &[a, b]).await.unwrap();
     assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
