@@ -65,6 +65,13 @@ impl IpamError {
 pub trait IpamDelegate {
     fn exec(&mut self, req: &IpamRequest<'_>) -> Result<Vec<u8>, IpamError>;
 
+    /// Starts `req` without waiting for it, so the caller can move the
+    /// netdev meanwhile (a delegate is a process start; a netns move waits
+    /// on the kernel: neither needs the other). Default: runs it now.
+    fn start(&mut self, req: &IpamRequest<'_>) -> Pending {
+        Pending::done(self.exec(req))
+    }
+
     /// `req.plugin`'s `supportedVersions` from an earlier `VERSION`, when
     /// the binary has not changed since. `None`: ask it.
     fn known_versions(&mut self, _req: &IpamRequest<'_>) -> Option<Vec<String>> {
@@ -73,6 +80,39 @@ pub trait IpamDelegate {
 
     /// Remembers what `req.plugin` answered to `VERSION`.
     fn remember_versions(&mut self, _req: &IpamRequest<'_>, _versions: &[String]) {}
+}
+
+/// A delegate call started by [`IpamDelegate::start`]: [`Pending::wait`]
+/// gives its output as [`IpamDelegate::exec`] would have.
+pub struct Pending(Box<dyn FnOnce() -> Result<Vec<u8>, IpamError>>);
+
+impl Pending {
+    /// A call that already finished.
+    pub fn done(r: Result<Vec<u8>, IpamError>) -> Pending {
+        Pending(Box::new(move || r))
+    }
+
+    /// A call whose outcome `f` waits for.
+    pub fn later(f: impl FnOnce() -> Result<Vec<u8>, IpamError> + 'static) -> Pending {
+        Pending(Box::new(f))
+    }
+
+    pub fn wait(self) -> Result<Vec<u8>, IpamError> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+/// Delegates known not to touch the interface, so they may run while it
+/// moves. `dhcp` is not one: it runs DHCP on `CNI_IFNAME` inside the pod's
+/// netns, so ADD waits for the link to be there (and DEL for it to leave).
+pub fn runs_without_the_link(plugin: &str) -> bool {
+    matches!(plugin, "host-local" | "static" | "whereabouts")
 }
 
 /// Finds `plugin` on `path`.
@@ -188,58 +228,94 @@ impl IpamDelegate for ExecIpam {
     }
 
     fn exec(&mut self, req: &IpamRequest<'_>) -> Result<Vec<u8>, IpamError> {
-        let bin = find_plugin(req.plugin, req.path)?;
-        let exec_err = |source| IpamError::Exec {
-            plugin: req.plugin.into(),
-            source,
-        };
-        let mut cmd = std::process::Command::new(&bin);
-        cmd.env("CNI_COMMAND", req.command.as_str())
-            .env("CNI_ARGS", req.args.to_env_string())
-            .env(
-                "CNI_PATH",
-                std::env::join_paths(req.path).map_err(|e| exec_err(std::io::Error::other(e)))?,
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in [
-            ("CNI_CONTAINERID", req.container_id.map(str::to_string)),
-            ("CNI_NETNS", req.netns.map(|p| p.display().to_string())),
-            ("CNI_IFNAME", req.ifname.map(str::to_string)),
-        ] {
-            match v {
-                Some(v) => cmd.env(k, v),
-                None => cmd.env_remove(k),
-            };
+        spawn(req)?.finish()
+    }
+
+    fn start(&mut self, req: &IpamRequest<'_>) -> Pending {
+        match spawn(req) {
+            Ok(running) => Pending::later(move || running.finish()),
+            Err(e) => Pending::done(Err(e)),
         }
-        let mut child = cmd.spawn().map_err(exec_err)?;
-        let input =
-            serde_json::to_vec(req.config).map_err(|e| exec_err(std::io::Error::other(e)))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            match stdin.write_all(&input) {
-                Ok(()) => {}
-                // A delegate need not read its config (host-local's VERSION
-                // does not) and may have exited before we wrote it: its exit
-                // status and output decide, as with Go's os/exec (which
-                // ignores EPIPE on stdin) in libcni.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(exec_err(e));
-                }
+    }
+}
+
+/// A delegate process with its config written to its stdin.
+struct Running {
+    child: std::process::Child,
+    plugin: String,
+    command: &'static str,
+}
+
+fn spawn(req: &IpamRequest<'_>) -> Result<Running, IpamError> {
+    let bin = find_plugin(req.plugin, req.path)?;
+    let exec_err = |source| IpamError::Exec {
+        plugin: req.plugin.into(),
+        source,
+    };
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.env("CNI_COMMAND", req.command.as_str())
+        .env("CNI_ARGS", req.args.to_env_string())
+        .env(
+            "CNI_PATH",
+            std::env::join_paths(req.path).map_err(|e| exec_err(std::io::Error::other(e)))?,
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in [
+        ("CNI_CONTAINERID", req.container_id.map(str::to_string)),
+        ("CNI_NETNS", req.netns.map(|p| p.display().to_string())),
+        ("CNI_IFNAME", req.ifname.map(str::to_string)),
+    ] {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let input = serde_json::to_vec(req.config).map_err(|e| exec_err(std::io::Error::other(e)))?;
+    let mut child = cmd.spawn().map_err(exec_err)?;
+    // The config is far below a pipe's buffer: this write does not wait
+    // for the delegate to read it.
+    if let Some(mut stdin) = child.stdin.take() {
+        match stdin.write_all(&input) {
+            Ok(()) => {}
+            // A delegate need not read its config (host-local's VERSION
+            // does not) and may have exited before we wrote it: its exit
+            // status and output decide, as with Go's os/exec (which
+            // ignores EPIPE on stdin) in libcni.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(exec_err(e));
             }
         }
-        let out = child.wait_with_output().map_err(exec_err)?;
+    }
+    Ok(Running {
+        child,
+        plugin: req.plugin.into(),
+        command: req.command.as_str(),
+    })
+}
+
+impl Running {
+    fn finish(self) -> Result<Vec<u8>, IpamError> {
+        let plugin = self.plugin;
+        let out = self
+            .child
+            .wait_with_output()
+            .map_err(|source| IpamError::Exec {
+                plugin: plugin.clone(),
+                source,
+            })?;
         if out.status.success() {
             return Ok(out.stdout);
         }
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
         match serde_json::from_slice::<Value>(&out.stdout) {
             Ok(v) if v.get("code").and_then(Value::as_u64).is_some() => Err(IpamError::Plugin {
-                plugin: req.plugin.into(),
-                command: req.command.as_str(),
+                plugin,
+                command: self.command,
                 error: CniError {
                     code: v["code"]
                         .as_u64()
@@ -254,8 +330,8 @@ impl IpamDelegate for ExecIpam {
                 },
             }),
             _ => Err(IpamError::BadOutput {
-                plugin: req.plugin.into(),
-                command: req.command.as_str(),
+                plugin,
+                command: self.command,
                 reason: format!(
                     "exited with {} and no error object (stdout {:?}, stderr {stderr:?})",
                     out.status,
@@ -317,46 +393,86 @@ pub fn exec_negotiated(
     d: &mut dyn IpamDelegate,
     req: &IpamRequest<'_>,
 ) -> Result<Vec<u8>, IpamError> {
-    let ours = req
-        .config
+    let started = start_negotiated(d, req);
+    finish_negotiated(d, req, started)
+}
+
+/// [`exec_negotiated`] started: the delegate runs while the caller works.
+#[derive(Debug)]
+pub struct Started {
+    pending: Pending,
+    /// The version it was started in, when that came from a remembered
+    /// list (which a refusal proves stale).
+    retry_unless: Option<Option<CniVersion>>,
+}
+
+fn config_version(req: &IpamRequest<'_>) -> CniVersion {
+    req.config
         .get("cniVersion")
         .and_then(Value::as_str)
         .and_then(CniVersion::parse)
-        .unwrap_or(CniVersion::LATEST);
+        .unwrap_or(CniVersion::LATEST)
+}
+
+/// `req` in version `v` (the config as it is when `v` is its own).
+fn start_in(d: &mut dyn IpamDelegate, req: &IpamRequest<'_>, v: Option<CniVersion>) -> Pending {
+    match v {
+        Some(v) if v != config_version(req) => {
+            let mut cfg = req.config.clone();
+            cfg["cniVersion"] = Value::String(v.as_str().into());
+            d.start(&IpamRequest {
+                config: &cfg,
+                ..req.clone()
+            })
+        }
+        _ => d.start(req),
+    }
+}
+
+/// Starts `req` in the best common version (asking `VERSION` first only
+/// when the delegate's versions are not remembered).
+pub fn start_negotiated(d: &mut dyn IpamDelegate, req: &IpamRequest<'_>) -> Started {
+    let ours = config_version(req);
     let (theirs, remembered) = match d.known_versions(req) {
         Some(v) => (v, true),
         // A delegate that cannot say (or is missing) gets the config as is
         // and its own error, if any, tells why.
         None => match ask_versions(d, req) {
             Ok(v) => (v, false),
-            Err(_) => return d.exec(req),
+            Err(_) => {
+                return Started {
+                    pending: d.start(req),
+                    retry_unless: None,
+                };
+            }
         },
     };
-    let run = |d: &mut dyn IpamDelegate, v: Option<CniVersion>| match v {
-        Some(v) if v != ours => {
-            let mut cfg = req.config.clone();
-            cfg["cniVersion"] = Value::String(v.as_str().into());
-            d.exec(&IpamRequest {
-                config: &cfg,
-                ..req.clone()
-            })
-        }
-        _ => d.exec(req),
-    };
     let best = ours.negotiate(theirs.iter().map(String::as_str));
-    match run(d, best) {
-        Err(e)
-            if remembered
-                && e.delegate_code() == Some(crate::protocol::code::INCOMPATIBLE_VERSION) =>
+    Started {
+        pending: start_in(d, req, best),
+        retry_unless: remembered.then_some(best),
+    }
+}
+
+/// Waits for a [`start_negotiated`] call (same `req`), retrying once when
+/// a remembered version list proved stale.
+pub fn finish_negotiated(
+    d: &mut dyn IpamDelegate,
+    req: &IpamRequest<'_>,
+    started: Started,
+) -> Result<Vec<u8>, IpamError> {
+    match (started.pending.wait(), started.retry_unless) {
+        (Err(e), Some(best))
+            if e.delegate_code() == Some(crate::protocol::code::INCOMPATIBLE_VERSION) =>
         {
             let theirs = ask_versions(d, req)?;
-            let again = ours.negotiate(theirs.iter().map(String::as_str));
+            let again = config_version(req).negotiate(theirs.iter().map(String::as_str));
             if again == best {
                 return Err(e);
             }
-            run(d, again)
+            start_in(d, req, again).wait()
         }
-        other => other,
+        (other, _) => other,
     }
 }
 
@@ -367,7 +483,17 @@ pub fn speaks_1_1(d: &mut dyn IpamDelegate, req: &IpamRequest<'_>) -> Result<boo
 
 /// ADD: the delegate's result.
 pub fn add(d: &mut dyn IpamDelegate, req: &IpamRequest<'_>) -> Result<CniResult, IpamError> {
-    let out = exec_negotiated(d, req)?;
+    let started = start_negotiated(d, req);
+    finish_add(d, req, started)
+}
+
+/// ADD started with [`start_negotiated`]: the delegate's result.
+pub fn finish_add(
+    d: &mut dyn IpamDelegate,
+    req: &IpamRequest<'_>,
+    started: Started,
+) -> Result<CniResult, IpamError> {
+    let out = finish_negotiated(d, req, started)?;
     let v: Value = serde_json::from_slice(&out).map_err(|e| IpamError::BadOutput {
         plugin: req.plugin.into(),
         command: "ADD",

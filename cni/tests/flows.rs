@@ -1430,3 +1430,76 @@ fn soft_device_gc_releases_stale_attachment() {
     assert!(bed.leases().is_empty());
     assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
 }
+
+/// Where in `journal` the first entry equal to `op` is.
+fn at(journal: &[String], op: &str) -> usize {
+    journal
+        .iter()
+        .position(|j| j == op)
+        .unwrap_or_else(|| panic!("{op} not in {journal:?}"))
+}
+
+/// host-local does not need the link: it runs (its own process) while the
+/// VF moves into the pod on ADD and out of it on DEL. A `dhcp` delegate
+/// runs DHCP on the pod's interface, so it starts only once the VF is
+/// there (ADD) and after it left (DEL), as before.
+#[test]
+fn ipam_runs_while_the_vf_moves_unless_it_needs_the_link() {
+    if skip_without_netns("ipam_runs_while_the_vf_moves_unless_it_needs_the_link") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = kit_with_rdma(&bed);
+    let cfg = bed.config(json!({}));
+
+    let add = Faults::none();
+    bed.call(&mut kit, &add, &bed.env("ADD", "c1", "net1"), &cfg)
+        .ok()
+        .unwrap();
+    let j = add.journal();
+    assert!(
+        at(&j, "ipam.start.ADD") < at(&j, "links.move_to")
+            && at(&j, "links.move_to") < at(&j, "ipam.done.ADD"),
+        "{j:?}"
+    );
+    assert_eq!(bed.pod.addresses("net1").unwrap(), vec!["10.77.0.2/24"]);
+    let del = Faults::none();
+    bed.call(&mut kit, &del, &bed.env("DEL", "c1", "net1"), &cfg)
+        .ok();
+    let j = del.journal();
+    assert!(
+        at(&j, "ipam.start.DEL") < at(&j, "links.move_to")
+            && at(&j, "links.move_to") < at(&j, "ipam.done.DEL"),
+        "{j:?}"
+    );
+    assert!(bed.leases().is_empty(), "{:?}", bed.leases());
+
+    // A stand-in `dhcp` (only its place in the order is under test).
+    let bin = tempfile::tempdir().unwrap();
+    let dhcp = bin.path().join("dhcp");
+    std::fs::write(
+        &dhcp,
+        "#!/bin/sh\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}';;\n\
+         ADD) echo '{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.79.0.5/24\"}]}';;\n\
+         esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&dhcp, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cfg = bed.config(json!({"ipam": {"type": "dhcp"}}));
+    let env = |cmd| {
+        let mut e = bed.env(cmd, "c2", "net1");
+        let path = format!("{}:{}", bin.path().display(), e["CNI_PATH"]);
+        e.insert("CNI_PATH".into(), path);
+        e
+    };
+    let add = Faults::none();
+    bed.call(&mut kit, &add, &env("ADD"), &cfg).ok().unwrap();
+    let j = add.journal();
+    assert!(at(&j, "links.move_to") < at(&j, "ipam.start.ADD"), "{j:?}");
+    assert_eq!(bed.pod.addresses("net1").unwrap(), vec!["10.79.0.5/24"]);
+    let del = Faults::none();
+    bed.call(&mut kit, &del, &env("DEL"), &cfg).ok();
+    let j = del.journal();
+    assert!(at(&j, "links.move_to") < at(&j, "ipam.start.DEL"), "{j:?}");
+}

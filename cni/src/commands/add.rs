@@ -176,6 +176,16 @@ pub fn add(
     };
 
     // --- Side effects. ---
+    // A delegate that does not need the link runs while the VF moves: each
+    // takes ~15 ms (a process start; the kernel's netns move).
+    let ipam_plugin = conf.ipam.as_ref().map(|i| i.plugin.clone());
+    let ipam_started = match &ipam_plugin {
+        Some(p) if plan.ipam && ipam::runs_without_the_link(p) => Some(ipam::start_negotiated(
+            b.ipam,
+            &req.ipam_request(Command::Add, p),
+        )),
+        _ => None,
+    };
     let mut run = AddRun {
         req,
         node,
@@ -183,9 +193,16 @@ pub fn add(
         pod_ns: &pod_ns,
         link: claim.original.link.clone(),
         pod_index: None,
+        ipam_started,
         ipam_result: None,
     };
     let outcome = run_steps(&mut run, &mut claim, host.as_mut(), pod.as_mut(), b, log);
+    // A step failed before the lease was collected: the delegate must be
+    // done before the rollback's IPAM DEL, or that DEL could come first and
+    // leave the lease allocated.
+    if let (Some(started), Some(p)) = (run.ipam_started.take(), &ipam_plugin) {
+        let _ = ipam::finish_add(b.ipam, &req.ipam_request(Command::Add, p), started);
+    }
     drop(host);
     drop(pod);
     match outcome {
@@ -222,6 +239,8 @@ struct AddRun<'a> {
     /// The VF netdev in the host netns as found.
     link: crate::netlink::route::LinkInfo,
     pod_index: Option<u32>,
+    /// IPAM ADD under way (started before the first step).
+    ipam_started: Option<ipam::Started>,
     ipam_result: Option<CniResult>,
 }
 
@@ -318,8 +337,11 @@ fn run_steps(
                     .map(|i| i.plugin.as_str())
                     .unwrap_or_default();
                 let ireq: IpamRequest<'_> = run.req.ipam_request(Command::Add, plugin);
-                let r = ipam::add(b.ipam, &ireq)
-                    .map_err(|e| CniError::new(code::IPAM, e.to_string()))?;
+                let r = match run.ipam_started.take() {
+                    Some(started) => ipam::finish_add(b.ipam, &ireq, started),
+                    None => ipam::add(b.ipam, &ireq),
+                }
+                .map_err(|e| CniError::new(code::IPAM, e.to_string()))?;
                 run.ipam_result = Some(r);
             }
             Step::Addresses => {

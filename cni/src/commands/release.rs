@@ -199,9 +199,35 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     errors
 }
 
-/// Releases what IPAM gave one attachment (with that attachment's config,
-/// `CNI_ARGS` and `CNI_PATH`). Absent leases are fine (host-local and
-/// friends make DEL idempotent).
+/// The IPAM DEL request of one attachment (with that attachment's config,
+/// `CNI_ARGS` and `CNI_PATH`); `None` without IPAM.
+fn ipam_del_request<'a>(
+    config: &'a serde_json::Value,
+    args: &'a CniArgs,
+    path: &'a [std::path::PathBuf],
+    container_id: &'a str,
+    ifname: &'a str,
+    netns: Option<&'a Path>,
+) -> Option<IpamRequest<'a>> {
+    let plugin = config
+        .get("ipam")
+        .and_then(|i| i.get("type"))
+        .and_then(serde_json::Value::as_str)
+        .filter(|t| !t.is_empty())?;
+    Some(IpamRequest {
+        command: Command::Del,
+        plugin,
+        config,
+        container_id: Some(container_id),
+        netns,
+        ifname: Some(ifname),
+        args,
+        path,
+    })
+}
+
+/// Releases what IPAM gave one attachment. Absent leases are fine
+/// (host-local and friends make DEL idempotent).
 pub fn ipam_release(
     b: &mut Backends<'_>,
     config: &serde_json::Value,
@@ -211,23 +237,8 @@ pub fn ipam_release(
     ifname: &str,
     netns: Option<&Path>,
 ) -> Result<(), String> {
-    let Some(plugin) = config
-        .get("ipam")
-        .and_then(|i| i.get("type"))
-        .and_then(serde_json::Value::as_str)
-        .filter(|t| !t.is_empty())
-    else {
+    let Some(req) = ipam_del_request(config, args, path, container_id, ifname, netns) else {
         return Ok(());
-    };
-    let req = IpamRequest {
-        command: Command::Del,
-        plugin,
-        config,
-        container_id: Some(container_id),
-        netns,
-        ifname: Some(ifname),
-        args,
-        path,
     };
     ipam::exec_negotiated(b.ipam, &req)
         .map(|_| ())
@@ -244,19 +255,28 @@ pub fn release_claim(
     b: &mut Backends<'_>,
     log: &Logger,
 ) -> Vec<String> {
-    let mut errors = restore_vf(claim, node, b, log);
     let args = CniArgs::parse(&claim.cni_args).unwrap_or_default();
     let netns = Some(Path::new(&claim.netns)).filter(|p| crate::netns::is_alive(p));
-    if let Err(e) = ipam_release(
-        b,
+    let req = ipam_del_request(
         &claim.config,
         &args,
         &claim.cni_path,
         &claim.container_id,
         &claim.ifname,
         netns,
-    ) {
-        errors.push(e);
+    );
+    // A delegate that does not need the link releases while the VF goes
+    // back (see ADD); any other after it, as always.
+    let early = req
+        .as_ref()
+        .filter(|r| ipam::runs_without_the_link(r.plugin))
+        .map(|r| ipam::start_negotiated(b.ipam, r));
+    let mut errors = restore_vf(claim, node, b, log);
+    if let Some(req) = &req {
+        let started = early.unwrap_or_else(|| ipam::start_negotiated(b.ipam, req));
+        if let Err(e) = ipam::finish_negotiated(b.ipam, req, started) {
+            errors.push(e.to_string());
+        }
     }
     if let Err(e) = MemlockDir::new(node.state.root()).forget(&claim.container_id, &claim.ifname) {
         errors.push(e.to_string());

@@ -3,7 +3,7 @@
 //! through, so the rollback runs against the real backends.
 
 use crate::addr::{IpNet, Mac};
-use crate::ipam::{IpamDelegate, IpamError, IpamRequest};
+use crate::ipam::{IpamDelegate, IpamError, IpamRequest, Pending};
 use crate::links::{LinkError, Links, LinksOpener};
 use crate::netlink::NlError;
 use crate::netlink::rdma::RdmaNetnsMode;
@@ -24,6 +24,8 @@ struct FaultState {
     target: Option<(String, usize)>,
     counts: HashMap<String, usize>,
     fired: bool,
+    /// Every operation, in the order the backends saw them.
+    journal: Vec<String>,
 }
 
 /// Shared by all decorators of one call.
@@ -49,8 +51,15 @@ impl Faults {
         self.0.borrow().fired
     }
 
+    /// Every operation the wrapped backends saw, in order (`links.move_to`,
+    /// `ipam.start.ADD`, `ipam.done.ADD`, ...).
+    pub fn journal(&self) -> Vec<String> {
+        self.0.borrow().journal.clone()
+    }
+
     fn hit(&self, op: &str) -> bool {
         let mut s = self.0.borrow_mut();
+        s.journal.push(op.to_string());
         let n = {
             let c = s.counts.entry(op.to_string()).or_default();
             *c += 1;
@@ -241,6 +250,33 @@ impl IpamDelegate for FaultyIpam<'_> {
             });
         }
         Ok(out)
+    }
+
+    /// The inner delegate runs concurrently as it would unwrapped; the
+    /// journal gets `ipam.start.<CMD>` now and `ipam.done.<CMD>` when the
+    /// result is collected, where an `ipam.add` fault strikes.
+    fn start(&mut self, req: &IpamRequest<'_>) -> Pending {
+        let command = req.command.as_str();
+        self.faults.hit(&format!("ipam.start.{command}"));
+        let pending = self.inner.start(req);
+        let (faults, plugin, add) = (
+            self.faults.clone(),
+            req.plugin.to_string(),
+            req.command == Command::Add,
+        );
+        Pending::later(move || {
+            let out = pending.wait();
+            faults.hit(&format!("ipam.done.{command}"));
+            let out = out?;
+            if add && faults.hit("ipam.add") {
+                return Err(IpamError::Plugin {
+                    plugin,
+                    command: "ADD",
+                    error: CniError::new(999, "injected failure after allocation"),
+                });
+            }
+            Ok(out)
+        })
     }
 
     fn known_versions(&mut self, req: &IpamRequest<'_>) -> Option<Vec<String>> {
