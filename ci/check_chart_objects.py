@@ -16,9 +16,9 @@
 - DRA exactly when --dra (dra.enabled): the node DaemonSet's dra-plugin
   container, its flags and the host paths behind them (kubelet plugins and
   plugins_registry, /sys, /dev, CDI, state, device-info, the CNI state dir
-  for memlock/network-attach requests, the sharing config from a mounted
-  ConfigMap: the chart's own with --dra-shared, else the operator's per-node
-  key); the three DeviceClasses, whose CEL is evaluated on sample devices
+  for memlock/network-attach requests, the device plugin's per-node key
+  and, with --dra-shared, the chart's sharing ConfigMap after it); kroce-nri
+  able to attach claims' VFs; the three DeviceClasses, whose CEL is evaluated on sample devices
   (each must select exactly its kind); ResourceSlice writes granted to the
   node service account only and narrowed to its own node by a
   ValidatingAdmissionPolicy; claims get and status patch. The operator may
@@ -127,9 +127,12 @@ def check_dra(objs, a, errors, who_can):
     c = dra[0]
     where = "dra-plugin"
     flags = {}
+    configs = []
     for arg in c.get("args", []):
         k, _, v = arg.partition("=")
         flags[k] = v
+        if k == "--device-plugin-config":
+            configs.append(v)
     env = {e["name"]: e for e in c.get("env", [])}
     if flags.get("--node-name") != "$(NODE_NAME)" or \
             env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
@@ -178,23 +181,27 @@ def check_dra(objs, a, errors, who_can):
     for flag, what in (("--memlock-dir", "memlock dir"), ("--network-dir", "network-attach dir")):
         if flags.get(flag):
             under_mount(flags[flag], what)
-    cfg = flags.get("--device-plugin-config", "")
-    if cfg:
+    # The device plugin's per-node key first (its pools decide), then the
+    # chart's shared pools with --dra-shared.
+    want = ["kroce-device-plugin"] + (["<own>"] if a.dra_shared else [])
+    if len(configs) != len(want):
+        errors.append(f"{where}: --device-plugin-config {configs}, expected {len(want)} (device plugin key{', sharing ConfigMap' if a.dra_shared else ''})")
+    rendered = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    for cfg, expect in zip(configs, want):
         m = mounts.get(os.path.dirname(cfg))
         cm = volumes.get(m["name"], {}).get("configMap") if m else None
+        key = os.path.basename(cfg)
         if cm is None:
             errors.append(f"{where}: --device-plugin-config {cfg} is not in a mounted ConfigMap")
+        elif expect == "kroce-device-plugin":
+            if cm["name"] != expect or key != "$(NODE_NAME).yaml":
+                errors.append(f"{where}: first --device-plugin-config {cfg} is not the device plugin's per-node key (ConfigMap kroce-device-plugin)")
         else:
-            rendered = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
-            key = os.path.basename(cfg)
-            if a.dra_shared:
-                own = rendered.get(cm["name"])
-                if own is None or key not in (own.get("data") or {}):
-                    errors.append(f"{where}: sharing config {cfg}: ConfigMap {cm['name']} with key {key} is not rendered")
-                elif "mode: shared" not in own["data"][key]:
-                    errors.append(f"{where}: sharing config {cm['name']}/{key} has no shared pool")
-            elif cm["name"] != "kroce-device-plugin" or key != "$(NODE_NAME).yaml":
-                errors.append(f"{where}: --device-plugin-config {cfg} is not the device plugin's per-node key (ConfigMap kroce-device-plugin)")
+            own = rendered.get(cm["name"])
+            if own is None or key not in (own.get("data") or {}):
+                errors.append(f"{where}: sharing config {cfg}: ConfigMap {cm['name']} with key {key} is not rendered")
+            elif "mode: shared" not in own["data"][key]:
+                errors.append(f"{where}: sharing config {cm['name']}/{key} has no shared pool")
 
     # kroce-nri attaches the claims' VFs (no Multus).
     nri = [x for x in pod["containers"] if x["name"] == "nri-memlock"]

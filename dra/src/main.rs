@@ -7,7 +7,7 @@ use kroce_dra::network::{KubeClaimStatus, Reporter};
 use kroce_dra::plugin::{self, Options, Plugin};
 use kroce_dra::prepare::Paths;
 use kroce_dra::publish::KubePublisher;
-use kroce_dra::sharing::{FileRules, SharingRules};
+use kroce_dra::sharing::{FileRules, Layered, SharingRules};
 use kroce_dra::slice::Sharing;
 use sriov_helpers::HostRoot;
 use std::path::PathBuf;
@@ -47,10 +47,12 @@ struct Cli {
     network_dir: PathBuf,
     /// The device plugin's pool config (the same file/ConfigMap): HCAs its
     /// `mode: shared` pools take are published as `sharedCount` slots
-    /// `shared-<pci>-<i>`. Re-read at every rescan; absent (no network on
-    /// this node yet) or unset: no HCA is shared.
-    #[arg(long, env = "KROCE_DP_CONFIG")]
-    device_plugin_config: Option<PathBuf>,
+    /// `shared-<pci>-<i>`; devices its other pools take are left to the
+    /// device plugin. Repeat to add files (read in order, the first
+    /// matching pool wins). Re-read at every rescan; absent (no network on
+    /// this node yet) or unset: every device is DRA's, no HCA shared.
+    #[arg(long, env = "KROCE_DP_CONFIG", value_delimiter = ',')]
+    device_plugin_config: Vec<PathBuf>,
     /// Host rescan interval in milliseconds.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     rescan_ms: u64,
@@ -74,9 +76,16 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     // Before any side effect: a sharing config that cannot be read is fatal.
-    let sharing: Arc<dyn SharingRules> = match &cli.device_plugin_config {
-        Some(path) => Arc::new(FileRules::load(path).context("--device-plugin-config")?),
-        None => Arc::new(Sharing::default()),
+    let sharing: Arc<dyn SharingRules> = if cli.device_plugin_config.is_empty() {
+        Arc::new(Sharing::default())
+    } else {
+        let files = cli
+            .device_plugin_config
+            .iter()
+            .map(|p| FileRules::load(p))
+            .collect::<Result<Vec<_>, _>>()
+            .context("--device-plugin-config")?;
+        Arc::new(Layered(files))
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()

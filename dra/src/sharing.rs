@@ -122,6 +122,19 @@ impl SharingRules for FileRules {
     }
 }
 
+/// Several config files read as one, in order: the device plugin's own
+/// first (its pools decide), then e.g. a chart-level list of shared HCAs.
+#[derive(Debug)]
+pub struct Layered(pub Vec<FileRules>);
+
+impl SharingRules for Layered {
+    fn current(&self) -> Sharing {
+        self.0
+            .iter()
+            .fold(Sharing::default(), |acc, f| acc.then(f.current()))
+    }
+}
+
 /// Prepare-side checks of one device of claim `uid` (`prepared`: device
 /// name → claim UID): its configuration ([`check_slot_config`]), and its
 /// HCA not held in the other mode by another claim (slots and the whole

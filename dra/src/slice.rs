@@ -80,6 +80,12 @@ impl Sharing {
         }
     }
 
+    /// These pools, then `later`'s (an earlier pool wins, as within one file).
+    pub fn then(mut self, later: Sharing) -> Sharing {
+        self.pools.extend(later.pools);
+        self
+    }
+
     /// How DRA offers a candidate, by the pool the device plugin would put
     /// it in: none → one exclusive DRA device; a shared pool and an HCA (a
     /// PCI function with an RDMA device) → its slots (both front ends may

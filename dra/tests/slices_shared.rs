@@ -12,7 +12,7 @@ use kroce_dra::driver::DRIVER_NAME;
 use kroce_dra::facts::HostFacts;
 use kroce_dra::plugin::{Options, Plugin};
 use kroce_dra::prepare::{CdiSpec, Paths};
-use kroce_dra::sharing::{FileRules, SharingRules};
+use kroce_dra::sharing::{FileRules, Layered, SharingRules};
 use kroce_dra::slice::{self, Published, SHARED_ATTRIBUTE, Sharing};
 use kroce_dra::testing::{
     ConfigEntry, InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim,
@@ -205,6 +205,30 @@ fn file_rules_reload_and_keep_the_last_good_rules() {
     // The key removed: no sharing.
     std::fs::remove_file(&path).unwrap();
     assert_eq!(rules.current(), Sharing::default());
+
+    // Two files in order: the device plugin's own pools decide first.
+    let dp = dir.path().join("dp.yaml");
+    let extra = dir.path().join("extra.yaml");
+    std::fs::write(
+        &dp,
+        "pools:\n- resourceName: pf\n  selectors: {isRdma: true}\n",
+    )
+    .unwrap();
+    std::fs::write(&extra, "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 2\n  selectors: {isRdma: true}\n").unwrap();
+    let layered = Layered(vec![
+        FileRules::load(&dp).unwrap(),
+        FileRules::load(&extra).unwrap(),
+    ]);
+    let mut fx = FixtureHost::unknown_numa().unwrap();
+    fx.set_num_vfs(&PciAddress::new(0, 5, 0, 0), 0).unwrap();
+    assert!(published(&fx, &[], &layered.current()).is_empty());
+    // The device plugin's key gone (no network there): the extra file's
+    // shared pool applies.
+    std::fs::remove_file(&dp).unwrap();
+    assert_eq!(
+        names(&published(&fx, &[], &layered.current())),
+        ["shared-0000-05-00-0-0", "shared-0000-05-00-0-1"]
+    );
 }
 
 fn cfg(extra: serde_json::Value) -> ConfigEntry {
