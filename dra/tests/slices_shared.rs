@@ -427,3 +427,32 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
     assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
     plugin.stop().await;
 }
+
+#[test]
+fn prepare_refuses_a_slot_while_another_claim_holds_the_whole_hca_and_back() {
+    use kroce_dra::config::ClaimConfig;
+    use kroce_dra::sharing::check_prepare;
+    use std::collections::BTreeMap;
+    let mut fx = FixtureHost::unknown_numa().unwrap();
+    fx.set_num_vfs(&PciAddress::new(0, 5, 0, 0), 0).unwrap();
+    let shared = sharing(
+        "pools:\n- resourceName: hca\n  mode: shared\n  sharedCount: 2\n  selectors: {isRdma: true}\n",
+    );
+    let slot = published(&fx, &[], &shared).remove(0);
+    let whole = published(&fx, &[], &Sharing::default()).remove(0);
+    assert_eq!(whole.device.name, "pf-0000-05-00-0");
+    let cfg = ClaimConfig::default();
+    let held_whole = BTreeMap::from([("pf-0000-05-00-0".to_string(), "other".to_string())]);
+    let e = check_prepare(&slot.device.name, &slot, &cfg, &held_whole, "mine")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pf-0000-05-00-0") && e.contains("other"), "{e}");
+    let held_slot = BTreeMap::from([("shared-0000-05-00-0-1".to_string(), "other".to_string())]);
+    let e = check_prepare("pf-0000-05-00-0", &whole, &cfg, &held_slot, "mine")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shared-0000-05-00-0-1"), "{e}");
+    // Other slots of the same HCA, or the same claim again: fine.
+    check_prepare(&slot.device.name, &slot, &cfg, &held_slot, "mine").unwrap();
+    check_prepare("pf-0000-05-00-0", &whole, &cfg, &held_whole, "other").unwrap();
+}
