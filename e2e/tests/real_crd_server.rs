@@ -1025,13 +1025,8 @@ fn the_shipped_controller_runs_against_the_real_server_until_sigterm() {
                 .is_some_and(|s| s.observed_generation.is_some())
         })
     };
-    let (stderr, code, reached) = run_until(
-        srv,
-        cmd,
-        |_| false,
-        status_written,
-        Duration::from_secs(60),
-    );
+    let (stderr, code, reached) =
+        run_until(srv, cmd, |_| false, status_written, Duration::from_secs(60));
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(reached, "controller-smoke got no status:\n{stderr}");
     // The core kinds' watches fail here, and say which.
