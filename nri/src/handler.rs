@@ -272,7 +272,13 @@ impl<R: MemlockRequests> Handler<R> {
         tracing::info!(
             runtime = %runtime_name,
             version = %runtime_version,
-            "configured; subscribing to CreateContainer"
+            dra_network = self.network.is_some(),
+            "configured; subscribing to CreateContainer{}",
+            if self.network.is_some() {
+                ", RunPodSandbox, StopPodSandbox, RemovePodSandbox"
+            } else {
+                ""
+            }
         );
         {
             let mut state = self.state();
