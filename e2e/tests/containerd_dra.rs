@@ -144,27 +144,7 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
     let archive = image::build(&dir.join("image"), Path::new(runtime::BUSYBOX)).unwrap();
     ctd.import(&archive).unwrap();
 
-    let mut cmd = Command::new(bin("kroce-nri"));
-    cmd.arg("--socket")
-        .arg(&ctd.nri_socket)
-        .arg("--state-dir")
-        .arg(&state_dir)
-        .arg("--host-root")
-        .arg(fixture.path())
-        .arg("--cni-bin-dir")
-        .arg(&ctd.cni_bin)
-        .env("RUST_LOG", "info");
-    let nri = Daemon::start("kroce-nri", &node.path, cmd, &dir.join("kroce-nri.log")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while !nri.log_text().contains("synchronized") {
-        assert!(
-            Instant::now() < deadline,
-            "kroce-nri never synchronized:\n{}\n--- containerd\n{}",
-            nri.log_text(),
-            ctd.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let nri = start_nri(&node.path, &ctd, &state_dir, fixture.path(), &dir);
     Rig {
         node,
         fixture,
@@ -175,6 +155,39 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         ipam_dir,
         vf,
     }
+}
+
+/// Starts the kroce-nri binary on containerd's NRI socket and waits until
+/// it has synchronized.
+fn start_nri(
+    netns: &Path,
+    ctd: &Containerd,
+    state_dir: &Path,
+    host_root: &Path,
+    dir: &Path,
+) -> Daemon {
+    let mut cmd = Command::new(bin("kroce-nri"));
+    cmd.arg("--socket")
+        .arg(&ctd.nri_socket)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .arg("--host-root")
+        .arg(host_root)
+        .arg("--cni-bin-dir")
+        .arg(&ctd.cni_bin)
+        .env("RUST_LOG", "info");
+    let nri = Daemon::start("kroce-nri", netns, cmd, &dir.join("kroce-nri.log")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !nri.log_text().contains("synchronized") {
+        assert!(
+            Instant::now() < deadline,
+            "kroce-nri never synchronized:\n{}\n--- containerd\n{}",
+            nri.log_text(),
+            ctd.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nri
 }
 
 impl Rig {
@@ -333,7 +346,7 @@ async fn dra_vf_attached_at_run_and_released_at_stop_through_containerd() {
         return;
     }
     let peers = Peers::find().unwrap();
-    let rig = setup(&peers, &unique_tag());
+    let mut rig = setup(&peers, &unique_tag());
     let mut cri = rig.ctd.cri().await.unwrap();
     let uid = "6c1d3e0a-0000-4000-8000-00000000dd01";
 
@@ -372,6 +385,18 @@ async fn dra_vf_attached_at_run_and_released_at_stop_through_containerd() {
         );
         assert_eq!(rig.dra_leases().len(), 1);
 
+        if cycle == 1 {
+            // kroce-nri restarted while the pod runs: the release works from
+            // kroce-cni's state, not from the daemon's memory.
+            rig.nri.terminate(Duration::from_secs(5)).unwrap();
+            rig.nri = start_nri(
+                &rig.node.path,
+                &rig.ctd,
+                &rig.state_dir,
+                rig.fixture.path(),
+                &rig.dir,
+            );
+        }
         stop_and_remove(&mut cri, &id).await;
         rig.assert_vf_home(&format!("cycle {cycle}"));
         assert!(rig.result(uid).is_none(), "result removed at release");
