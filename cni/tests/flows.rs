@@ -976,6 +976,12 @@ fn refusals_touch_nothing() {
             "CNIDeviceInfoFile",
         ),
         (json!({"rdma": true}), "net2", code::RDMA, "mode"),
+        (
+            json!({"ipam": {"type": "no-such-ipam"}}),
+            "net2",
+            code::IPAM,
+            "no-such-ipam",
+        ),
     ];
     kit.rdma = RecordingRdma::new(Err("EPROTONOSUPPORT".into()));
     for (extra, ifname, want, needle) in cases {
@@ -1502,4 +1508,50 @@ fn ipam_runs_while_the_vf_moves_unless_it_needs_the_link() {
     bed.call(&mut kit, &del, &env("DEL"), &cfg).ok();
     let j = del.journal();
     assert!(at(&j, "links.move_to") < at(&j, "ipam.start.DEL"), "{j:?}");
+}
+
+/// An IPAM plugin removed after ADD (a package upgrade gone wrong): DEL
+/// still gives the VF back (the lease it gave stays in its store, with a
+/// warning) instead of keeping the VF claimed for every later ADD.
+#[test]
+fn del_without_its_ipam_plugin_still_frees_the_vf() {
+    if skip_without_netns("del_without_its_ipam_plugin_still_frees_the_vf") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = kit_with_rdma(&bed);
+    let before = bed.host.links().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let real = std::path::Path::new(&bed.env("ADD", "c", "n")["CNI_PATH"]).join("host-local");
+    std::os::unix::fs::symlink(&real, bin.path().join("vanishing-ipam")).unwrap();
+    let mut ipam = bed.config(json!({}))["ipam"].clone();
+    ipam["type"] = json!("vanishing-ipam");
+    let cfg = bed.config(json!({ "ipam": ipam }));
+    let env = |cmd| {
+        let mut e = bed.env(cmd, "c1", "net1");
+        e.insert("CNI_PATH".into(), bin.path().display().to_string());
+        e
+    };
+    bed.call(&mut kit, &Faults::none(), &env("ADD"), &cfg)
+        .ok()
+        .unwrap();
+    std::fs::remove_file(bin.path().join("vanishing-ipam")).unwrap();
+    let del = bed.call(&mut kit, &Faults::none(), &env("DEL"), &cfg);
+    assert!(
+        del.warnings.iter().any(|w| w.contains("vanishing-ipam")),
+        "{:?}",
+        del.warnings
+    );
+    del.ok();
+    assert_eq!(bed.host.links().unwrap(), before);
+    assert!(bed.state_files().is_empty(), "{:?}", bed.state_files());
+    // The VF is free for the next pod.
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c2", "net1"),
+        &bed.config(json!({})),
+    )
+    .ok()
+    .unwrap();
 }

@@ -38,6 +38,12 @@ pub fn add(
     for w in &warnings {
         log.warn(w);
     }
+    // A missing IPAM plugin is a config error found before anything moves
+    // (found after the move, its rollback could not release a lease).
+    if let Some(i) = conf.ipam.as_ref().filter(|_| plan.ipam) {
+        ipam::find_plugin(&i.plugin, &env.path)
+            .map_err(|e| CniError::new(code::IPAM, e.to_string()))?;
+    }
     let netns_path = env.netns.as_deref().unwrap_or(Path::new(""));
     let pod_ns = open_netns(netns_path)?;
     if pod_ns.same_as(&node.host_netns) {

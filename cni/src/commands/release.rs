@@ -274,8 +274,15 @@ pub fn release_claim(
     let mut errors = restore_vf(claim, node, b, log);
     if let Some(req) = &req {
         let started = early.unwrap_or_else(|| ipam::start_negotiated(b.ipam, req));
-        if let Err(e) = ipam::finish_negotiated(b.ipam, req, started) {
-            errors.push(e.to_string());
+        match ipam::finish_negotiated(b.ipam, req, started) {
+            Ok(_) => {}
+            // Nothing can release through a plugin that is not there; an
+            // error here would keep the VF claimed for ever (every later
+            // ADD would retry this release and fail).
+            Err(e @ ipam::IpamError::NotFound { .. }) => {
+                log.warn(&format!("{e}: a lease it gave, if any, stays in its store"));
+            }
+            Err(e) => errors.push(e.to_string()),
         }
     }
     if let Err(e) = MemlockDir::new(node.state.root()).forget(&claim.container_id, &claim.ifname) {
