@@ -1,5 +1,6 @@
 //! Reconcile planning for 1,000 nodes x 4 networks, as plain functions:
-//! merge + conflict checks + VF ranges + device plugin YAML per node. Also
+//! merge + conflict checks + VF ranges + device plugin YAML per node; the
+//! DeviceClass of a `frontend: dra` network over 1,000 and 5,000 nodes. Also
 //! prints allocations and peak heap of one planning pass (counting
 //! allocator) and the process's peak RSS.
 
@@ -154,5 +155,47 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// What a `frontend: dra` network's reconcile computes for its DeviceClass
+/// on top of the plan: its VFs over every node's spec, the foreign-VF check
+/// and the class itself.
+fn device_class_pass(
+    specs: &[&kroce_operator::crd::RdmaNodeStateSpec],
+    net: &NetworkInput,
+) -> usize {
+    use kroce_operator::plan::device_class::{device_class, foreign_vfs, network_devices};
+    let devices = network_devices(&net.name, specs.iter().copied());
+    assert!(foreign_vfs(&net.name, &devices, specs.iter().copied()).is_empty());
+    let dc = device_class(&net.name, &net.spec, &devices).unwrap_or_else(|e| panic!("{e}"));
+    dc.spec.and_then(|s| s.selectors).map_or(0, |s| s.len())
+}
+
+fn bench_device_class(c: &mut Criterion) {
+    use kroce_operator::crd::Frontend;
+    use kroce_operator::plan::merge::Desired;
+    for n in [1000, 5000] {
+        let nodes = nodes(n);
+        let mut nets = networks();
+        for net in nets.iter_mut().filter(|x| x.name == "infer") {
+            net.spec.frontend = Frontend::Dra;
+        }
+        let plan = plan_cluster(&nodes, &nets);
+        let specs: Vec<_> = plan
+            .nodes
+            .iter()
+            .filter_map(|p| match &p.desired {
+                Desired::Spec(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        let infer = nets
+            .iter()
+            .find(|x| x.name == "infer")
+            .unwrap_or_else(|| panic!("no infer network"));
+        c.bench_function(&format!("DeviceClass of one dra network, {n} nodes"), |b| {
+            b.iter(|| black_box(device_class_pass(black_box(&specs), black_box(infer))))
+        });
+    }
+}
+
+criterion_group!(benches, bench, bench_device_class);
 criterion_main!(benches);
