@@ -6,7 +6,7 @@
 use super::sync::World;
 use super::{Context, Error, MANAGER};
 use k8s_openapi::api::resource::v1::DeviceClass;
-use kroce_operator::crd::{RdmaNetwork, RdmaNodeStateSpec};
+use kroce_operator::crd::{Frontend, RdmaNetwork, RdmaNodeStateSpec};
 use kroce_operator::names::NETWORK_LABEL;
 use kroce_operator::plan::ClusterPlan;
 use kroce_operator::plan::device_class::{device_class, foreign_vfs, network_devices};
@@ -104,14 +104,20 @@ pub(crate) async fn sync(
     }
     let specs = node_specs(world, plan);
     let devices = network_devices(&name, specs.iter().copied());
-    let foreign = foreign_vfs(&name, &devices, specs.iter().copied());
+    let dra: std::collections::BTreeSet<String> = world
+        .networks
+        .iter()
+        .filter(|n| n.spec.frontend == Frontend::Dra)
+        .map(ResourceExt::name_any)
+        .collect();
+    let foreign = foreign_vfs(&name, &devices, specs.iter().copied(), |n| dra.contains(n));
     if !foreign.is_empty() {
         out.problem = Some((
             CLASS_OVERLAP,
             format!(
                 "the DeviceClass selects VFs by PF address and VF index, and on other nodes \
-                 these belong to other networks: {}; give the networks disjoint VF ranges \
-                 (DeviceClass not updated)",
+                 these are another DRA network's or no network's: {}; give the networks \
+                 disjoint VF ranges (DeviceClass not updated)",
                 foreign.into_iter().take(3).collect::<Vec<_>>().join("; ")
             ),
         ));
@@ -124,10 +130,14 @@ pub(crate) async fn sync(
             return Ok(out);
         }
     };
+    // Labels others added are theirs: only ours must be there.
     let same = existing.as_ref().is_some_and(|dc| {
         let (a, b) = (dc.spec.as_ref(), wanted.spec.as_ref());
         a.map(|s| (&s.selectors, &s.config)) == b.map(|s| (&s.selectors, &s.config))
-            && dc.labels() == wanted.labels()
+            && wanted
+                .labels()
+                .iter()
+                .all(|(k, v)| dc.labels().get(k) == Some(v))
     });
     if same {
         return Ok(out);

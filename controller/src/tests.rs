@@ -983,3 +983,60 @@ async fn dra_without_resource_api_or_multus_says_what_is_missing() {
     assert!(d["message"].as_str().unwrap().contains("1.34"), "{d}");
     assert!(!d["message"].as_str().unwrap().contains("Multus"), "{d}");
 }
+
+#[tokio::test]
+async fn a_dra_class_that_would_reach_another_dra_networks_vfs_is_not_written() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    make_fast_dra(&server, "dra");
+    // n3 (not rdma=yes) carries "edge" on the same PF address and VFs.
+    server.edit(CORE, "nodes", "", "n3", |o| {
+        o["metadata"]["labels"] = json!({"edge": "yes"});
+    });
+    server.insert(KROCE, "rdmanodestates", node_state_with_inventory("n3"));
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "edge",
+            json!({"nodeSelector": {"edge": "yes"}, "nicSelector": {"pfNames": ["ens1f0#0-3"]},
+                   "numVfs": 8, "frontend": "dra"}),
+        ),
+    );
+    reconcile_twice(&ctx, &server, "edge").await;
+    reconcile_twice(&ctx, &server, "fast").await;
+    for net in ["fast", "edge"] {
+        let d = condition(&net_status(&server, net), "Degraded");
+        assert_eq!(d["reason"], "DeviceClassOverlap", "{net}: {d}");
+        let msg = d["message"].as_str().unwrap();
+        assert!(msg.contains("PF 0000:3b:00.0 VF 0"), "{net}: {msg}");
+        assert!(
+            server.get(RESOURCE, "deviceclasses", "", net).is_none(),
+            "{net}"
+        );
+    }
+    // Disjoint ranges, n3's VFs 0-3 now a device plugin network's (the DRA
+    // plugin leaves those out): both classes are written.
+    server.edit(KROCE, "rdmanetworks", "", "edge", |o| {
+        o["spec"]["nicSelector"]["pfNames"] = json!(["ens1f0#4-7"]);
+    });
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "local",
+            json!({"nodeSelector": {"edge": "yes"}, "nicSelector": {"pfNames": ["ens1f0#0-3"]},
+                   "numVfs": 8}),
+        ),
+    );
+    reconcile_twice(&ctx, &server, "local").await;
+    reconcile_named(&ctx, &server, "edge").await;
+    reconcile_named(&ctx, &server, "fast").await;
+    for net in ["fast", "edge"] {
+        assert!(
+            server.get(RESOURCE, "deviceclasses", "", net).is_some(),
+            "{net}: {}",
+            net_status(&server, net)
+        );
+    }
+}

@@ -164,7 +164,7 @@ fn device_class_pass(
 ) -> usize {
     use kroce_operator::plan::device_class::{device_class, foreign_vfs, network_devices};
     let devices = network_devices(&net.name, specs.iter().copied());
-    assert!(foreign_vfs(&net.name, &devices, specs.iter().copied()).is_empty());
+    assert!(foreign_vfs(&net.name, &devices, specs.iter().copied(), |_| false).is_empty());
     let dc = device_class(&net.name, &net.spec, &devices).unwrap_or_else(|e| panic!("{e}"));
     dc.spec.and_then(|s| s.selectors).map_or(0, |s| s.len())
 }

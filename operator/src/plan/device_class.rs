@@ -6,9 +6,9 @@
 //!
 //! A class is cluster-wide and a device's attributes do not name its node,
 //! so the selector names the network's VFs by PF PCI address and VF index,
-//! gathered from every node's spec. Where another network owns the same
-//! (PF address, VF index) on some node, the class would select that VF
-//! too: [`foreign_vfs`] finds it and the class is not written.
+//! gathered from every node's spec. Where the same (PF address, VF index)
+//! is another DRA network's or no network's on some node, the class would
+//! select that VF too: [`foreign_vfs`] finds it and the class is not written.
 
 use crate::crd::{RdmaNetworkSpec, RdmaNodeStateSpec};
 use crate::names::{
@@ -60,12 +60,17 @@ pub fn network_devices<'a>(
     out
 }
 
-/// VFs the class of `network` would select that another network owns on
-/// some node: `node: PF 0000:3b:00.0 VF 2 is network other's`.
+/// VFs the class of `network` would select on some node although they are
+/// not its there: another `frontend: dra` network's (`is_dra`), or created
+/// but no network's (the DRA plugin publishes both). A `devicePlugin`
+/// network's VFs are not counted: the DRA plugin reads the device plugin's
+/// config and leaves them out. `node n: PF 0000:3b:00.0 VF 2 is network
+/// other's` / `... is no network's`.
 pub fn foreign_vfs<'a>(
     network: &str,
     devices: &NetworkDevices,
     nodes: impl IntoIterator<Item = &'a RdmaNodeStateSpec>,
+    is_dra: impl Fn(&str) -> bool,
 ) -> Vec<String> {
     let mut out = Vec::new();
     for spec in nodes {
@@ -73,16 +78,26 @@ pub fn foreign_vfs<'a>(
             let Some(ours) = devices.vfs.get(&pf.pci_address.to_ascii_lowercase()) else {
                 continue;
             };
-            for g in pf.vf_groups.iter().filter(|g| g.network != network) {
-                let Ok(r) = g.vf_range.parse::<CpuList>() else {
-                    continue;
-                };
-                if let Some(vf) = r.cpus().find(|v| ours.contains(v)) {
-                    out.push(format!(
-                        "node {}: PF {} VF {vf} is network {}'s",
-                        spec.node_name, pf.pci_address, g.network
-                    ));
+            let mut owner: BTreeMap<u32, &str> = BTreeMap::new();
+            for g in &pf.vf_groups {
+                if let Ok(r) = g.vf_range.parse::<CpuList>() {
+                    owner.extend(r.cpus().map(|v| (v, g.network.as_str())));
                 }
+            }
+            let clash = ours.iter().filter(|v| **v < pf.num_vfs).find_map(|v| {
+                match owner.get(v) {
+                    Some(n) if *n == network => None,
+                    Some(n) if is_dra(n) => Some(format!("network {n}'s")),
+                    Some(_) => None,
+                    None => Some("no network's".to_string()),
+                }
+                .map(|who| (v, who))
+            });
+            if let Some((vf, who)) = clash {
+                out.push(format!(
+                    "node {}: PF {} VF {vf} is {who}",
+                    spec.node_name, pf.pci_address
+                ));
             }
         }
     }
@@ -262,19 +277,32 @@ mod tests {
                 r#"device.driver == "rdma.kroce.io" && (({a_}.type == "vf" && has({a_}.pfPciAddress) && has({a_}.vfIndex) && {a_}.pfPciAddress in ["0000:3b:00.0"] && (({a_}.vfIndex >= 0 && {a_}.vfIndex <= 3))) || ({a_}.type == "vf" && has({a_}.pfPciAddress) && has({a_}.vfIndex) && {a_}.pfPciAddress in ["0000:86:00.0"] && (({a_}.vfIndex >= 0 && {a_}.vfIndex <= 3) || {a_}.vfIndex == 6)))"#
             )
         );
-        assert!(foreign_vfs("fast", &d, [&a, &b, &c]).is_empty());
+        assert!(foreign_vfs("fast", &d, [&a, &b, &c], |_| true).is_empty());
         assert_eq!(selector(&NetworkDevices::default()), "false");
     }
 
     #[test]
-    fn same_pf_address_with_another_networks_vfs_elsewhere_is_found() {
+    fn same_pf_address_with_another_dra_networks_or_free_vfs_elsewhere_is_found() {
         let a = node("a", vec![pf("0000:3b:00.0", &[("fast", "0-3")])]);
-        let b = node("b", vec![pf("0000:3b:00.0", &[("other", "2-5")])]);
-        let d = network_devices("fast", [&a, &b]);
+        let b = node("b", vec![pf("0000:3b:00.0", &[("other", "2-7")])]);
+        let c = node("c", vec![pf("0000:3b:00.0", &[("other", "0-7")])]);
+        let d = network_devices("fast", [&a, &b, &c]);
+        // Another DRA network's VFs.
         assert_eq!(
-            foreign_vfs("fast", &d, [&a, &b]),
-            ["node b: PF 0000:3b:00.0 VF 2 is network other's"]
+            foreign_vfs("fast", &d, [&a, &c], |n| n == "other"),
+            ["node c: PF 0000:3b:00.0 VF 0 is network other's"]
         );
+        // A device plugin network's: the DRA plugin does not publish them.
+        assert!(foreign_vfs("fast", &d, [&a, &c], |_| false).is_empty());
+        // VFs 0-1 exist on b (numVfs 8) and are no network's: published.
+        assert_eq!(
+            foreign_vfs("fast", &d, [&a, &b], |_| false),
+            ["node b: PF 0000:3b:00.0 VF 0 is no network's"]
+        );
+        // A PF with fewer VFs than the indices: those VFs do not exist.
+        let mut e = node("e", vec![pf("0000:3b:00.0", &[])]);
+        e.pfs[0].num_vfs = 0;
+        assert!(foreign_vfs("fast", &d, [&a, &e], |_| true).is_empty());
     }
 
     #[test]
