@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod node;
 pub mod stores;
 mod sync;
+pub mod wake;
 
 #[cfg(test)]
 mod admission_tests;
@@ -243,18 +244,6 @@ fn node_fingerprint(n: &k8s_openapi::api::core::v1::Node) -> u64 {
     stores::hash_of(&(&n.metadata.uid, &n.metadata.labels))
 }
 
-/// What of an `RdmaNodeState` planning and status read: the spec, the
-/// inventory and sync outcome; not the agent's heartbeat.
-fn state_fingerprint(s: &kroce_operator::crd::RdmaNodeState) -> u64 {
-    let mut status = s.status.clone().unwrap_or_default();
-    status.last_sync_time = None;
-    stores::hash_of(&(
-        s.metadata.generation,
-        serde_json::to_string(&s.spec).unwrap_or_default(),
-        serde_json::to_string(&status).unwrap_or_default(),
-    ))
-}
-
 /// Network reconciles at once: each plans from a snapshot of every node,
 /// so memory grows with this times the cluster; two keep the CPU busy.
 const NETWORK_CONCURRENCY: u16 = 2;
@@ -291,11 +280,15 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
         stores.networks.clone(),
     )
     .with_config(config.clone().concurrency(NETWORK_CONCURRENCY))
-    .watches_shared_stream(stores::changed_only(states_a, state_fingerprint), |s| {
-        node::networks_of_state(&s)
-            .into_iter()
-            .map(|n| ObjectRef::<RdmaNetwork>::new(&n))
-            .collect::<Vec<_>>()
+    .watches_shared_stream(states_a, {
+        let wakes = Arc::new(wake::StateWakes::default());
+        move |s| {
+            wakes
+                .networks(&s)
+                .into_iter()
+                .map(|n| ObjectRef::<RdmaNetwork>::new(&n))
+                .collect::<Vec<_>>()
+        }
     })
     .watches_shared_stream(test_pods, |p| {
         p.labels()
@@ -317,11 +310,14 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
         stores.nodes.clone(),
     )
     .with_config(config.concurrency(NODE_CONCURRENCY))
-    .watches_shared_stream(stores::changed_only(states_b, state_fingerprint), |s| {
-        Some(ObjectRef::<k8s_openapi::api::core::v1::Node>::new(
-            &s.name_any(),
-        ))
-    })
+    .watches_shared_stream(
+        stores::changed_only(states_b, wake::node_fingerprint),
+        |s| {
+            Some(ObjectRef::<k8s_openapi::api::core::v1::Node>::new(
+                &s.name_any(),
+            ))
+        },
+    )
     .watches_shared_stream(
         stores::changed_only(networks_b, network_fingerprint),
         move |net| {

@@ -227,3 +227,63 @@ async fn one_node_event_is_one_node_reconcile_and_no_network_reconcile() {
     let requests = server.calls().len() - calls_before;
     assert!(requests <= 2, "{requests} API requests for one Node event");
 }
+
+/// Admission writes one network's entry into a node state: that wakes
+/// that network, not every network on the node (which, per write, made a
+/// rollout cost nodes x networks x networks reconciles), and no node
+/// reconcile (no node plan reads admission).
+#[tokio::test]
+async fn one_networks_admission_entry_wakes_only_that_network() {
+    let (client, server) = ApiServer::start();
+    cluster(&server, 20, 10);
+    let metrics = Arc::new(Metrics::default());
+    let shared = stores::start(
+        &client,
+        "kroce-system",
+        "kroce-device-plugin",
+        "kroce-perftest",
+    )
+    .unwrap();
+    let ctx = Context::new(
+        client,
+        "kroce-system",
+        "kroce-device-plugin",
+        metrics.clone(),
+        shared.stores.clone(),
+    );
+    let task = tokio::spawn(run(ctx, shared));
+    let settled = |m: &Metrics| (m.reconciles.get(), m.node_reconciles.get());
+    let mut last = settled(&metrics);
+    let mut quiet = 0;
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = settled(&metrics);
+        quiet = if now == last { quiet + 1 } else { 0 };
+        last = now;
+        let has_entries = server.list(KROCE, "rdmanodestates").iter().all(|s| {
+            s["status"]["admission"]
+                .as_array()
+                .is_some_and(|a| a.len() == 10)
+        });
+        if quiet >= 25 && has_entries {
+            break;
+        }
+    }
+    assert!(quiet >= 25, "never settled: {last:?}");
+    let (nets_before, nodes_before) = last;
+    server.update(KROCE, "rdmanodestates", "", "n7", |s| {
+        let entries = s["status"]["admission"].as_array_mut().expect("entries");
+        let e = entries
+            .iter_mut()
+            .find(|e| e["network"] == "net3")
+            .expect("net3's entry");
+        e["message"] = json!("poked");
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (nets_after, nodes_after) = settled(&metrics);
+    task.abort();
+    assert_eq!(nodes_after - nodes_before, 0, "node reconciles");
+    let woken = nets_after - nets_before;
+    // net3, and net3 again when it writes its entry back.
+    assert!((1..=2).contains(&woken), "{woken} network reconciles");
+}

@@ -22,7 +22,7 @@
 //! `world` (what a pass reads, from the stores), `events`.
 
 mod events;
-mod marks;
+pub(crate) mod marks;
 mod multus;
 mod pods;
 mod pools;
