@@ -2,11 +2,12 @@
 //!
 //! A value one component writes and another reads (a memlock size in a CRD,
 //! a pool config, a CNI config and an annotation; annotation names; the
-//! memlock request file; default paths; resource names; what
-//! `--log-level` means) lives here, so the writer and every reader share
-//! one parser and cannot drift.
+//! memlock request file; the DRA driver's name and claim env; default
+//! paths; resource names; what `--log-level` means) lives here, so the
+//! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
+pub mod dra;
 pub mod log;
 pub mod memlock;
 pub mod memlock_file;

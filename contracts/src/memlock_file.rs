@@ -1,6 +1,14 @@
-//! The per-sandbox memlock request file kroce-cni writes (ADD) and removes
-//! (DEL, GC), and kroce-nri reads when the sandbox's containers are created:
-//! `<state dir>/memlock/<sandbox id>.json`, version 1:
+//! The memlock request file, version 1. Two writers, one format:
+//!
+//! - kroce-cni per sandbox (ADD writes, DEL and GC remove):
+//!   `<state dir>/memlock/<sandbox id>.json`; kroce-nri applies it to every
+//!   container of the sandbox;
+//! - the DRA plugin per prepared claim (prepare writes, unprepare removes):
+//!   `<state dir>/dra-memlock/<claim uid>.json`, `containerID` = the claim
+//!   UID, `netns` empty, one attachment per device; kroce-nri applies it to
+//!   every container holding the claim (its [`crate::dra::claim_env`]
+//!   env). A directory of its own: kroce-cni garbage-collects files in
+//!   `memlock/` whose sandbox is gone.
 //!
 //! ```json
 //! {"version":1,"containerID":"<sandbox id>","netns":"/var/run/netns/cni-…",
@@ -24,8 +32,13 @@ use std::path::{Path, PathBuf};
 /// kroce-cni's state directory unless its config says otherwise (kroce-nri
 /// reads the same default).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/kroce";
-/// The subdirectory of the state dir holding the request files.
+/// The subdirectory of the state dir holding kroce-cni's request files.
 pub const MEMLOCK_DIR: &str = "memlock";
+/// The subdirectory of the state dir holding the DRA plugin's per-claim
+/// request files.
+pub const DRA_MEMLOCK_DIR: &str = "dra-memlock";
+/// `<default state dir>/dra-memlock`: the DRA plugin's `--memlock-dir`.
+pub const DEFAULT_DRA_DIR: &str = "/var/lib/cni/kroce/dra-memlock";
 /// The file format version written and understood.
 pub const FILE_VERSION: u32 = 1;
 /// Suffix of a request file after the sandbox ID.
@@ -140,6 +153,11 @@ pub fn file_name(sandbox_id: &str) -> Result<String, SandboxIdError> {
     Ok(format!("{sandbox_id}{FILE_SUFFIX}"))
 }
 
+/// `<state dir>/dra-memlock`.
+pub fn dra_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(DRA_MEMLOCK_DIR)
+}
+
 /// `<state dir>/memlock/<sandbox id>.json`.
 pub fn path(state_dir: &Path, sandbox_id: &str) -> Result<PathBuf, SandboxIdError> {
     Ok(dir(state_dir).join(file_name(sandbox_id)?))
@@ -220,6 +238,10 @@ mod tests {
             Path::new("/var/lib/cni/kroce/memlock/abc-1_2.3.json")
         );
         assert_eq!(sandbox_id_of("4f1c.json"), Some("4f1c"));
+        assert_eq!(
+            dra_dir(Path::new(DEFAULT_STATE_DIR)),
+            Path::new(DEFAULT_DRA_DIR)
+        );
         assert_eq!(sandbox_id_of("4f1c.json.tmp"), None);
         assert_eq!(sandbox_id_of(".x.json"), None);
     }

@@ -33,8 +33,9 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/kroce/dra";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_DEVINFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dra";
 /// Beside kroce-cni's memlock dir, not in it: the CNI garbage-collects
-/// files there whose sandbox is gone, and claims are no sandboxes.
-pub const DEFAULT_MEMLOCK_DIR: &str = "/var/lib/cni/kroce/dra-memlock";
+/// files there whose sandbox is gone, and claims are no sandboxes. kroce-nri
+/// reads `<its state dir>/dra-memlock`: the same directory by default.
+pub const DEFAULT_MEMLOCK_DIR: &str = kroce_contracts::memlock_file::DEFAULT_DRA_DIR;
 pub const DEFAULT_RESCAN: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]

@@ -149,11 +149,10 @@ fn env_part(s: &str) -> String {
         .collect()
 }
 
-/// The env name through which a container finds its claim (and the NRI
-/// plugin the claim's memlock request).
-pub fn claim_env(uid: &str) -> String {
-    format!("KROCE_DRA_CLAIM_{}", env_part(uid))
-}
+/// The env name through which a container finds its claim (and kroce-nri
+/// the claim's memlock request): `KROCE_DRA_CLAIM_<UID>`, defined in
+/// `kroce_contracts::dra`, where kroce-nri's reading of it lives too.
+pub use kroce_contracts::dra::claim_env;
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

@@ -114,7 +114,12 @@ fn device_plugin_annotations_are_what_the_nri_plugin_reads() {
             .collect(),
             ..Default::default()
         };
-        let d = kroce_nri::policy::decide(&facts, None, kroce_nri::Memlock::Bytes(1));
+        let d = kroce_nri::policy::decide(
+            &facts,
+            None,
+            &Default::default(),
+            kroce_nri::Memlock::Bytes(1),
+        );
         assert!(d.warnings.is_empty(), "{resource}: {:?}", d.warnings);
         assert!(
             d.evidence.iter().any(|e| matches!(e,
@@ -344,7 +349,12 @@ fn every_memlock_reader_gives_one_verdict() {
             .collect(),
             ..Default::default()
         };
-        let d = kroce_nri::policy::decide(&facts, None, kroce_nri::Memlock::Bytes(1));
+        let d = kroce_nri::policy::decide(
+            &facts,
+            None,
+            &Default::default(),
+            kroce_nri::Memlock::Bytes(1),
+        );
         let nri = d.evidence.iter().find_map(|e| match e {
             kroce_nri::policy::Evidence::MemlockAnnotation { value, .. } => {
                 Some(format!("{:?}", Some(value)))

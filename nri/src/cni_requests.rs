@@ -1,7 +1,8 @@
-//! The per-sandbox memlock requests kroce-cni records:
-//! `<state-dir>/memlock/<sandboxID>.json`. The file's shape, version, name
-//! and the sandbox-ID rule are [`kroce_contracts::memlock_file`]'s, shared
-//! with the writer; reading it is here.
+//! The memlock requests kroce-nri applies: kroce-cni's per sandbox,
+//! `<state-dir>/memlock/<sandboxID>.json`, and the DRA plugin's per claim,
+//! `<state-dir>/dra-memlock/<claim uid>.json`. The file's shape, version,
+//! names and the ID rule are [`kroce_contracts::memlock_file`]'s, shared
+//! with both writers; reading them is here.
 //!
 //! Unknown fields are ignored; a missing file is "no request"; a bad file
 //! is an error the caller logs and skips.
@@ -14,7 +15,9 @@ use kroce_contracts::memlock_file::{self, SandboxMemlock};
 
 use crate::memlock::Memlock;
 
-pub use kroce_contracts::memlock_file::{DEFAULT_STATE_DIR, FILE_VERSION, MEMLOCK_DIR};
+pub use kroce_contracts::memlock_file::{
+    DEFAULT_STATE_DIR, DRA_MEMLOCK_DIR, FILE_VERSION, MEMLOCK_DIR,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
@@ -44,10 +47,13 @@ pub enum RequestError {
     },
 }
 
-/// Looks up the memlock request recorded for a sandbox.
+/// Looks up the memlock requests recorded for a sandbox or a DRA claim.
 pub trait MemlockRequests {
-    /// `Ok(None)` when the sandbox has no request.
+    /// kroce-cni's request for a sandbox; `Ok(None)` when it has none.
     fn lookup(&self, sandbox_id: &str) -> Result<Option<Memlock>, RequestError>;
+    /// The DRA plugin's request for a prepared claim; `Ok(None)` when it
+    /// has none (no `memlock` in its config, or not prepared here).
+    fn lookup_claim(&self, claim_uid: &str) -> Result<Option<Memlock>, RequestError>;
 }
 
 /// Reads the request files under a kroce-cni state directory.
@@ -69,23 +75,42 @@ impl StateDir {
     pub fn request_path(&self, sandbox_id: &str) -> Result<PathBuf, RequestError> {
         Ok(memlock_file::path(&self.root, sandbox_id)?)
     }
+
+    /// `<root>/dra-memlock/<claim_uid>.json`, refusing UIDs that could leave
+    /// the directory.
+    pub fn claim_request_path(&self, claim_uid: &str) -> Result<PathBuf, RequestError> {
+        Ok(memlock_file::dra_dir(&self.root).join(memlock_file::file_name(claim_uid)?))
+    }
+}
+
+/// The request in `path` (`containerID` must be `id`); a missing file is none.
+fn read_request(path: PathBuf, id: &str) -> Result<Option<Memlock>, RequestError> {
+    match std::fs::read(&path) {
+        Ok(bytes) => parse_request(&bytes, id, &path).map(|f| Some(f.memlock)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(RequestError::Read { path, source }),
+    }
 }
 
 impl MemlockRequests for StateDir {
     fn lookup(&self, sandbox_id: &str) -> Result<Option<Memlock>, RequestError> {
-        let path = self.request_path(sandbox_id)?;
-        match std::fs::read(&path) {
-            Ok(bytes) => parse_request(&bytes, sandbox_id, &path).map(|f| Some(f.memlock)),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(RequestError::Read { path, source }),
-        }
+        read_request(self.request_path(sandbox_id)?, sandbox_id)
+    }
+
+    fn lookup_claim(&self, claim_uid: &str) -> Result<Option<Memlock>, RequestError> {
+        read_request(self.claim_request_path(claim_uid)?, claim_uid)
     }
 }
 
-/// In-memory requests keyed by sandbox ID.
+/// In-memory requests keyed by sandbox ID or claim UID (tests and benches;
+/// the two never look alike).
 impl MemlockRequests for BTreeMap<String, Memlock> {
     fn lookup(&self, sandbox_id: &str) -> Result<Option<Memlock>, RequestError> {
         Ok(self.get(sandbox_id).copied())
+    }
+
+    fn lookup_claim(&self, claim_uid: &str) -> Result<Option<Memlock>, RequestError> {
+        Ok(self.get(claim_uid).copied())
     }
 }
 
@@ -218,6 +243,60 @@ mod tests {
         .unwrap();
         assert_eq!(state.lookup(SB).unwrap(), Some(Memlock::Bytes(256 << 20)));
         assert_eq!(state.lookup("other").unwrap(), None);
+    }
+
+    /// The DRA plugin's per-claim file (as `kroce_dra::prepare` writes it:
+    /// containerID = claim UID, no netns, one attachment per device) is
+    /// read from `dra-memlock/`, never from kroce-cni's `memlock/`.
+    #[test]
+    fn claim_lookup_reads_the_dra_plugins_file() {
+        let uid = "6c1d3e0a-0000-4000-8000-000000000001";
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        assert_eq!(state.lookup_claim(uid).unwrap(), None, "no directory yet");
+        let file = SandboxMemlock::from_attachments(
+            uid,
+            "",
+            [(
+                "vf-0000-3b-00-2".to_string(),
+                memlock_file::AttachmentMemlock {
+                    memlock: Memlock::Bytes(4 << 20),
+                    network: "vf".into(),
+                },
+            )]
+            .into(),
+        )
+        .unwrap();
+        let dra = dir.path().join("dra-memlock");
+        std::fs::create_dir_all(&dra).unwrap();
+        std::fs::write(
+            dra.join(format!("{uid}.json")),
+            serde_json::to_vec(&file).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            state.lookup_claim(uid).unwrap(),
+            Some(Memlock::Bytes(4 << 20))
+        );
+        assert_eq!(state.lookup(uid).unwrap(), None, "not a sandbox request");
+        // Another claim's file under this name is refused, naming the path.
+        std::fs::write(
+            dra.join("6c1d3e0a-0000-4000-8000-000000000002.json"),
+            serde_json::to_vec(&file).unwrap(),
+        )
+        .unwrap();
+        let err = state
+            .lookup_claim("6c1d3e0a-0000-4000-8000-000000000002")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("dra-memlock") && err.contains("does not match"),
+            "{err}"
+        );
+        assert!(matches!(
+            state.lookup_claim("../memlock/x"),
+            Err(RequestError::BadSandboxId { .. })
+        ));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! and answered with an empty adjustment rather than an error status, which
 //! the runtime would turn into a failed container creation.
 
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use prost::Message;
@@ -353,8 +354,8 @@ impl<R: MemlockRequests> Handler<R> {
         }
     }
 
-    /// The policy decision for a container, with the CNI request looked up and
-    /// everything logged.
+    /// The policy decision for a container, with the CNI request and the
+    /// requests of the DRA claims it holds looked up, and everything logged.
     pub fn decide(&self, container: &api::Container, pod: Option<&api::PodSandbox>) -> Decision {
         let facts = ContainerFacts::from_nri(container, pod);
         let cni_request = if facts.sandbox_id.is_empty() {
@@ -368,9 +369,26 @@ impl<R: MemlockRequests> Handler<R> {
                 }
             }
         };
+        let mut dra_requests = BTreeMap::new();
+        for uid in &facts.dra_claims {
+            match self.requests.lookup_claim(uid) {
+                Ok(Some(m)) => {
+                    dra_requests.insert(uid.clone(), m);
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(container = %facts.id, claim = %uid, error = %err, "DRA memlock request file skipped");
+                }
+            }
+        }
         let runtime = self.runtime_limits();
-        let decision =
-            policy::decide_for_runtime(&facts, cni_request, self.default, runtime.as_ref());
+        let decision = policy::decide_for_runtime(
+            &facts,
+            cni_request,
+            &dra_requests,
+            self.default,
+            runtime.as_ref(),
+        );
         for warning in &decision.warnings {
             tracing::warn!(container = %facts.id, "{warning}");
         }
@@ -450,7 +468,6 @@ fn synchronize(payload: &[u8]) -> api::SynchronizeResponse {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
 
@@ -525,6 +542,45 @@ mod tests {
         let adj = resp.adjust.unwrap();
         assert_eq!(adj.rlimits.len(), 1);
         assert_eq!(adj.rlimits[0].hard, 1 << 30);
+    }
+
+    /// Every container whose env names a claim gets the claim's request
+    /// (looked up by UID), whatever its sandbox; one without it does not.
+    #[test]
+    fn create_container_uses_the_dra_claims_it_holds() {
+        let uid = "6c1d3e0a-0000-4000-8000-000000000001";
+        let mut requests = BTreeMap::new();
+        requests.insert(uid.to_owned(), Memlock::Bytes(4 << 20));
+        let h = Handler::new(Memlock::Unlimited, requests);
+        let req = |id: &str, env: Vec<String>| api::CreateContainerRequest {
+            pod: Some(api::PodSandbox {
+                id: "sb-dra".into(),
+                ..Default::default()
+            }),
+            container: Some(api::Container {
+                id: id.into(),
+                pod_sandbox_id: "sb-dra".into(),
+                env,
+                ..Default::default()
+            }),
+        };
+        let env = vec![format!(
+            "{}=default/rdma",
+            kroce_contracts::dra::claim_env(uid)
+        )];
+        for id in ["c1", "c2"] {
+            let adj = h.create_container(&req(id, env.clone())).adjust.unwrap();
+            assert_eq!(adj.rlimits.len(), 1, "{id}");
+            assert_eq!(
+                (adj.rlimits[0].soft, adj.rlimits[0].hard),
+                (4 << 20, 4 << 20)
+            );
+        }
+        let adj = h
+            .create_container(&req("sidecar", vec!["PATH=/bin".into()]))
+            .adjust
+            .unwrap();
+        assert!(adj.rlimits.is_empty(), "holds no claim: untouched");
     }
 
     #[test]

@@ -27,13 +27,15 @@ struct Cli {
     #[arg(long, env = "KROCE_NRI_SOCKET", default_value = DEFAULT_NRI_SOCKET)]
     socket: PathBuf,
 
-    /// kroce-cni's state directory (memlock requests are read from <dir>/memlock/<sandbox>.json).
+    /// kroce-cni's state directory (memlock requests are read from
+    /// <dir>/memlock/<sandbox>.json, kroce-cni's, and
+    /// <dir>/dra-memlock/<claim uid>.json, the DRA plugin's).
     #[arg(long, env = "KROCE_CNI_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
 
     /// Limit for RDMA containers that ask for none: "unlimited" or bytes. An
-    /// explicit request (device-plugin annotation or CNI request) is used
-    /// instead, larger or smaller.
+    /// explicit request (device-plugin annotation, CNI request or DRA claim)
+    /// is used instead, larger or smaller.
     #[arg(long, env = "KROCE_DEFAULT_MEMLOCK", default_value = "unlimited")]
     default_memlock: Memlock,
 

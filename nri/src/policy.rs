@@ -3,11 +3,14 @@
 //! A container holds kroce RDMA devices when the kroce device plugin annotated
 //! it in `Allocate` (`kroce.io/rdma-devices.<res>`, optionally
 //! `kroce.io/memlock.<res>`) or when it has device nodes under
-//! `/dev/infiniband/`. Containers of a sandbox for which kroce-cni recorded a
-//! memlock request are covered too. Everything else is never touched.
+//! `/dev/infiniband/`, or when it holds a claim of kroce's DRA driver (the
+//! claim's CDI spec put `KROCE_DRA_CLAIM_<UID>` in its env). Containers of a
+//! sandbox for which kroce-cni recorded a memlock request are covered too.
+//! Everything else is never touched.
 //!
-//! The limit is the largest explicit request (the memlock annotations and the
-//! sandbox's CNI request); the node default applies only when there is none,
+//! The limit is the largest explicit request (the memlock annotations, the
+//! sandbox's CNI request and the memlock requests of the DRA claims the
+//! container holds); the node default applies only when there is none,
 //! so a network asking for 1 GiB gets 1 GiB even under a default of
 //! `unlimited`. A limit already in the container's spec is never lowered.
 
@@ -22,6 +25,9 @@ pub use crate::runtime::RuntimeLimits;
 /// (the pool's limit, in the one memlock grammar). Named in
 /// [`kroce_contracts::annotations`], shared with the writer.
 pub use kroce_contracts::annotations::{DEVICES_ANNOTATION_PREFIX, MEMLOCK_ANNOTATION_PREFIX};
+/// The env a DRA claim's CDI spec sets (`KROCE_DRA_CLAIM_<UID>`), named and
+/// parsed in [`kroce_contracts::dra`], shared with the DRA plugin.
+pub use kroce_contracts::dra::claim_uid_of_env;
 /// RDMA character devices (uverbs, umad, rdma_cm) live here in a container.
 pub const RDMA_DEVICE_DIR: &str = "/dev/infiniband/";
 /// The OCI rlimit name.
@@ -42,6 +48,8 @@ pub struct ContainerFacts {
     pub annotations: BTreeMap<String, String>,
     /// Container-side paths of its linux device nodes.
     pub device_paths: Vec<String>,
+    /// UIDs of the DRA claims it holds (from its claim env), sorted.
+    pub dra_claims: Vec<String>,
     /// `RLIMIT_MEMLOCK` already in the container's spec, if any.
     pub existing_memlock: Option<Rlimit>,
 }
@@ -69,11 +77,19 @@ impl ContainerFacts {
                 soft: r.soft,
                 hard: r.hard,
             });
+        let mut dra_claims: Vec<String> = container
+            .env
+            .iter()
+            .filter_map(|e| claim_uid_of_env(e))
+            .collect();
+        dra_claims.sort_unstable();
+        dra_claims.dedup();
         ContainerFacts {
             id: container.id.clone(),
             sandbox_id,
             annotations: container.annotations.clone(),
             device_paths,
+            dra_claims,
             existing_memlock,
         }
     }
@@ -82,10 +98,27 @@ impl ContainerFacts {
 /// Why a container was recognised as an RDMA container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Evidence {
-    DevicesAnnotation { key: String, devices: String },
-    MemlockAnnotation { key: String, value: Memlock },
-    DeviceNode { path: String },
-    CniRequest { sandbox_id: String, value: Memlock },
+    DevicesAnnotation {
+        key: String,
+        devices: String,
+    },
+    MemlockAnnotation {
+        key: String,
+        value: Memlock,
+    },
+    DeviceNode {
+        path: String,
+    },
+    CniRequest {
+        sandbox_id: String,
+        value: Memlock,
+    },
+    /// It holds this DRA claim; `value`: the claim's memlock request, if
+    /// it has one.
+    DraClaim {
+        claim_uid: String,
+        value: Option<Memlock>,
+    },
 }
 
 /// What to do with a container.
@@ -119,11 +152,14 @@ pub struct Decision {
 /// Decides the memlock limit for `container`.
 ///
 /// `cni_request` is the memlock kroce-cni recorded for the container's sandbox
-/// (if any); `default` is the node default (`--default-memlock`), used only
-/// when neither an annotation nor the CNI request asks for a limit.
+/// (if any); `dra_requests` the memlock requests the DRA plugin recorded, by
+/// claim UID (only the claims in `container.dra_claims` count); `default` is
+/// the node default (`--default-memlock`), used only when no annotation, CNI
+/// request or claim asks for a limit.
 pub fn decide(
     container: &ContainerFacts,
     cni_request: Option<Memlock>,
+    dra_requests: &BTreeMap<String, Memlock>,
     default: Memlock,
 ) -> Decision {
     let mut evidence = Vec::new();
@@ -168,6 +204,14 @@ pub fn decide(
             value: limit,
         });
     }
+    for uid in &container.dra_claims {
+        let value = dra_requests.get(uid).copied();
+        explicit = explicit.max(value);
+        evidence.push(Evidence::DraClaim {
+            claim_uid: uid.clone(),
+            value,
+        });
+    }
 
     let wanted = explicit.unwrap_or(default);
 
@@ -198,10 +242,11 @@ pub fn decide(
 pub fn decide_for_runtime(
     container: &ContainerFacts,
     cni_request: Option<Memlock>,
+    dra_requests: &BTreeMap<String, Memlock>,
     default: Memlock,
     runtime: Option<&RuntimeLimits>,
 ) -> Decision {
-    let mut decision = decide(container, cni_request, default);
+    let mut decision = decide(container, cni_request, dra_requests, default);
     decision.action = fit_to_runtime(decision.action, runtime);
     decision
 }
@@ -252,6 +297,11 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// [`decide`] for a container without DRA requests to look at.
+    fn decide_no_claims(c: &ContainerFacts, cni: Option<Memlock>, default: Memlock) -> Decision {
+        decide(c, cni, &BTreeMap::new(), default)
+    }
+
     fn facts(annotations: &[(&str, &str)], devices: &[&str]) -> ContainerFacts {
         ContainerFacts {
             id: "c1".into(),
@@ -261,13 +311,14 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             device_paths: devices.iter().map(|d| (*d).to_owned()).collect(),
+            dra_claims: Vec::new(),
             existing_memlock: None,
         }
     }
 
     #[test]
     fn plain_container_is_untouched_even_with_a_default() {
-        let d = decide(
+        let d = decide_no_claims(
             &facts(
                 &[("io.kubernetes.pod.name", "x")],
                 &["/dev/fuse", "/dev/net/tun"],
@@ -282,7 +333,7 @@ mod tests {
 
     #[test]
     fn devices_annotation_gets_the_default() {
-        let d = decide(
+        let d = decide_no_claims(
             &facts(&[("kroce.io/rdma-devices.rdma_vf", "0000:3b:00.2")], &[]),
             None,
             Memlock::Unlimited,
@@ -297,7 +348,7 @@ mod tests {
 
     #[test]
     fn infiniband_device_node_alone_is_enough() {
-        let d = decide(
+        let d = decide_no_claims(
             &facts(&[], &["/dev/infiniband/uverbs3"]),
             None,
             Memlock::Bytes(64 * MIB),
@@ -310,7 +361,7 @@ mod tests {
             }]
         );
         // A look-alike outside the directory is not.
-        let d = decide(&facts(&[], &["/dev/infiniband"]), None, Memlock::Unlimited);
+        let d = decide_no_claims(&facts(&[], &["/dev/infiniband"]), None, Memlock::Unlimited);
         assert_eq!(d.action, Action::Untouched);
     }
 
@@ -324,16 +375,16 @@ mod tests {
             ],
             &[],
         );
-        let d = decide(
+        let d = decide_no_claims(
             &c,
             Some(Memlock::Bytes(512 * MIB)),
             Memlock::Bytes(64 * MIB),
         );
         assert_eq!(d.action, Action::Set(Memlock::Bytes(2048 * MIB)));
-        let d = decide(&c, Some(Memlock::Unlimited), Memlock::Bytes(64 * MIB));
+        let d = decide_no_claims(&c, Some(Memlock::Unlimited), Memlock::Bytes(64 * MIB));
         assert_eq!(d.action, Action::Set(Memlock::Unlimited));
         // Explicit requests exist: a larger default does not override them.
-        let d = decide(&c, None, Memlock::Bytes(8192 * MIB));
+        let d = decide_no_claims(&c, None, Memlock::Bytes(8192 * MIB));
         assert_eq!(d.action, Action::Set(Memlock::Bytes(2048 * MIB)));
     }
 
@@ -397,7 +448,7 @@ mod tests {
             ),
         ];
         for (what, annotations, cni, default, want) in table {
-            let d = decide(&facts(annotations, &[]), *cni, *default);
+            let d = decide_no_claims(&facts(annotations, &[]), *cni, *default);
             assert_eq!(d.action, Action::Set(*want), "{what}");
         }
     }
@@ -528,7 +579,7 @@ mod tests {
             ),
         ];
         for (what, container, default, rt, want) in table {
-            let d = decide_for_runtime(&container, None, default, rt.as_ref());
+            let d = decide_for_runtime(&container, None, &BTreeMap::new(), default, rt.as_ref());
             assert_eq!(d.action, want, "{what}");
             let adj = d.adjustment();
             match want {
@@ -549,7 +600,7 @@ mod tests {
 
     #[test]
     fn cni_request_alone_covers_the_sandbox_containers() {
-        let d = decide(
+        let d = decide_no_claims(
             &facts(&[], &[]),
             Some(Memlock::Bytes(256 * MIB)),
             Memlock::Bytes(0),
@@ -566,7 +617,7 @@ mod tests {
 
     #[test]
     fn bad_memlock_annotation_is_a_warning_not_a_failure() {
-        let d = decide(
+        let d = decide_no_claims(
             &facts(
                 &[
                     ("kroce.io/rdma-devices.rdma_vf", "x"),
@@ -589,7 +640,7 @@ mod tests {
 
     #[test]
     fn empty_devices_annotation_does_not_count() {
-        let d = decide(
+        let d = decide_no_claims(
             &facts(&[("kroce.io/rdma-devices.rdma_vf", " ")], &[]),
             None,
             Memlock::Unlimited,
@@ -605,7 +656,7 @@ mod tests {
             soft: u64::MAX,
             hard: u64::MAX,
         });
-        let d = decide(&c, None, Memlock::Bytes(64 * MIB));
+        let d = decide_no_claims(&c, None, Memlock::Bytes(64 * MIB));
         assert!(matches!(d.action, Action::AlreadySufficient { .. }));
         assert!(d.adjustment().rlimits.is_empty());
 
@@ -614,7 +665,7 @@ mod tests {
             soft: MIB,
             hard: 128 * MIB,
         });
-        let d = decide(&c, None, Memlock::Bytes(64 * MIB));
+        let d = decide_no_claims(&c, None, Memlock::Bytes(64 * MIB));
         assert_eq!(d.action, Action::Set(Memlock::Bytes(128 * MIB)));
 
         // Both too low: set ours.
@@ -622,8 +673,161 @@ mod tests {
             soft: MIB,
             hard: 8 * MIB,
         });
-        let d = decide(&c, None, Memlock::Bytes(64 * MIB));
+        let d = decide_no_claims(&c, None, Memlock::Bytes(64 * MIB));
         assert_eq!(d.action, Action::Set(Memlock::Bytes(64 * MIB)));
+    }
+
+    const CLAIM_A: &str = "6c1d3e0a-0000-4000-8000-00000000000a";
+    const CLAIM_B: &str = "6c1d3e0a-0000-4000-8000-00000000000b";
+
+    fn holding(claims: &[&str]) -> ContainerFacts {
+        let mut c = facts(&[], &[]);
+        c.dra_claims = claims.iter().map(|u| (*u).to_owned()).collect();
+        c
+    }
+
+    fn dra(requests: &[(&str, Memlock)]) -> BTreeMap<String, Memlock> {
+        requests
+            .iter()
+            .map(|(u, m)| ((*u).to_owned(), *m))
+            .collect()
+    }
+
+    /// A container holding a DRA claim gets the claim's memlock request
+    /// (recorded by the DRA plugin), also below the node default; the
+    /// requests of claims it does not hold do not count.
+    #[test]
+    fn a_dra_claims_memlock_goes_to_the_containers_holding_it() {
+        let requests = dra(&[
+            (CLAIM_A, Memlock::Bytes(4 * MIB)),
+            (CLAIM_B, Memlock::Bytes(6 * MIB)),
+        ]);
+        // (what, claims held, CNI request, default, expected action)
+        type Row<'a> = (&'a str, Vec<&'a str>, Option<Memlock>, Memlock, Action);
+        let table: Vec<Row> = vec![
+            (
+                "claim A: its 4 MiB, not the unlimited default",
+                vec![CLAIM_A],
+                None,
+                Memlock::Unlimited,
+                Action::Set(Memlock::Bytes(4 * MIB)),
+            ),
+            (
+                "claims A and B: the larger",
+                vec![CLAIM_A, CLAIM_B],
+                None,
+                Memlock::Unlimited,
+                Action::Set(Memlock::Bytes(6 * MIB)),
+            ),
+            (
+                "claim A and a larger CNI request: the larger",
+                vec![CLAIM_A],
+                Some(Memlock::Bytes(8 * MIB)),
+                Memlock::Unlimited,
+                Action::Set(Memlock::Bytes(8 * MIB)),
+            ),
+            (
+                "claim A over a smaller CNI request",
+                vec![CLAIM_A],
+                Some(Memlock::Bytes(MIB)),
+                Memlock::Unlimited,
+                Action::Set(Memlock::Bytes(4 * MIB)),
+            ),
+            (
+                "a claim without a request: an RDMA container, the default",
+                vec!["6c1d3e0a-0000-4000-8000-00000000000c"],
+                None,
+                Memlock::Bytes(2 * MIB),
+                Action::Set(Memlock::Bytes(2 * MIB)),
+            ),
+            (
+                "no claim: untouched, whatever requests other claims have",
+                vec![],
+                None,
+                Memlock::Unlimited,
+                Action::Untouched,
+            ),
+        ];
+        for (what, claims, cni, default, want) in table {
+            let d = decide(&holding(&claims), cni, &requests, default);
+            assert_eq!(d.action, want, "{what}");
+        }
+        let d = decide(&holding(&[CLAIM_A]), None, &requests, Memlock::Unlimited);
+        assert_eq!(
+            d.evidence,
+            vec![Evidence::DraClaim {
+                claim_uid: CLAIM_A.into(),
+                value: Some(Memlock::Bytes(4 * MIB))
+            }]
+        );
+        assert_eq!(
+            (
+                d.adjustment().rlimits[0].soft,
+                d.adjustment().rlimits[0].hard
+            ),
+            (4 * MIB, 4 * MIB)
+        );
+    }
+
+    /// The claim's request is capped at the runtime's hard limit like any
+    /// other, and a spec limit already above it is kept.
+    #[test]
+    fn a_dra_claims_memlock_is_capped_and_never_lowers_the_spec() {
+        let requests = dra(&[(CLAIM_A, Memlock::Unlimited)]);
+        let rt = RuntimeLimits {
+            pid: 1,
+            cap_sys_resource: false,
+            initial_user_namespace: true,
+            memlock_soft: Memlock::Bytes(8 * MIB),
+            memlock_hard: Memlock::Bytes(8 * MIB),
+        };
+        let d = decide_for_runtime(
+            &holding(&[CLAIM_A]),
+            None,
+            &requests,
+            Memlock::Bytes(MIB),
+            Some(&rt),
+        );
+        assert_eq!(
+            d.action,
+            Action::Capped {
+                requested: Memlock::Unlimited,
+                granted: Memlock::Bytes(8 * MIB)
+            }
+        );
+        let mut c = holding(&[CLAIM_A]);
+        c.existing_memlock = Some(Rlimit {
+            soft: u64::MAX,
+            hard: u64::MAX,
+        });
+        let d = decide(&c, None, &requests, Memlock::Bytes(MIB));
+        assert!(
+            matches!(d.action, Action::AlreadySufficient { .. }),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn facts_from_nri_container_read_the_claim_env() {
+        let container = api::Container {
+            id: "ctr".into(),
+            pod_sandbox_id: "sb".into(),
+            env: vec![
+                "PATH=/bin".into(),
+                "KROCE_DRA_CLAIM_6C1D3E0A_0000_4000_8000_00000000000B=default/b".into(),
+                "KROCE_DRA_VF_0000_3B_00_2_PCI_ADDRESS=0000:3b:00.2".into(),
+                "KROCE_DRA_CLAIM_6C1D3E0A_0000_4000_8000_00000000000A=default/a".into(),
+                "KROCE_DRA_CLAIM_6C1D3E0A_0000_4000_8000_00000000000A=default/a".into(),
+            ],
+            ..Default::default()
+        };
+        let f = ContainerFacts::from_nri(&container, None);
+        assert_eq!(f.dra_claims, vec![CLAIM_A.to_owned(), CLAIM_B.to_owned()]);
+        // The env name the DRA plugin's CDI spec sets is the one read here.
+        assert_eq!(
+            claim_uid_of_env(&kroce_contracts::dra::claim_env(CLAIM_A)).as_deref(),
+            Some(CLAIM_A)
+        );
     }
 
     #[test]

@@ -51,7 +51,13 @@ async fn peer_pid_from_so_peercred_and_limits_from_its_proc() {
         device_paths: vec!["/dev/infiniband/uverbs0".into()],
         ..Default::default()
     };
-    let d = policy::decide_for_runtime(&container, None, Memlock::Unlimited, Some(&limits));
+    let d = policy::decide_for_runtime(
+        &container,
+        None,
+        &Default::default(),
+        Memlock::Unlimited,
+        Some(&limits),
+    );
     if can_raise || limits.memlock_hard == Memlock::Unlimited {
         assert_eq!(d.action, Action::Set(Memlock::Unlimited));
     } else {
