@@ -770,7 +770,9 @@ fn cel_selects(expression: &str, d: &k8s_openapi::api::resource::v1::Device) -> 
     let mut attrs: std::collections::BTreeMap<String, serde_json::Map<String, Value>> =
         Default::default();
     for (k, v) in d.attributes.iter().flatten() {
-        let (domain, id) = k.rsplit_once('/').unwrap_or(("rdma.kroce.io", k));
+        let (domain, id) = k
+            .rsplit_once('/')
+            .unwrap_or((kroce_contracts::dra::DRIVER_NAME, k));
         let val = match (&v.string, v.int, v.bool) {
             (Some(s), _, _) => json!(s),
             (_, Some(i), _) => json!(i),
@@ -782,7 +784,7 @@ fn cel_selects(expression: &str, d: &k8s_openapi::api::resource::v1::Device) -> 
             .or_default()
             .insert(id.to_string(), val);
     }
-    let device = json!({"driver": "rdma.kroce.io", "attributes": attrs});
+    let device = json!({"driver": kroce_contracts::dra::DRIVER_NAME, "attributes": attrs});
     let program = cel::Program::compile(expression).unwrap();
     let mut ctx = cel::Context::default();
     ctx.add_variable("device", device).unwrap();
@@ -875,7 +877,7 @@ async fn dra_network_gets_a_device_class_instead_of_a_pool_and_attachment_defini
     );
     // Its opaque config is what kroce-dra's own parser accepts.
     let opaque = &dc["spec"]["config"][0]["opaque"];
-    assert_eq!(opaque["driver"], kroce_dra::driver::DRIVER_NAME);
+    assert_eq!(opaque["driver"], kroce_contracts::dra::DRIVER_NAME);
     let parsed = kroce_dra::config::parse(&opaque["parameters"], "DeviceClass fast").unwrap();
     assert_eq!((parsed.vlan, parsed.mtu), (Some(100), Some(9000)));
     assert_eq!(parsed.ipam.as_ref().unwrap()["type"], "host-local");

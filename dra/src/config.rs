@@ -30,8 +30,9 @@ use kroce_contracts::network_attach;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub const CONFIG_API_VERSION: &str = "rdma.kroce.io/v1alpha1";
-pub const CONFIG_KIND: &str = "RdmaConfig";
+/// The opaque parameters' apiVersion and kind, shared with the operator,
+/// which writes them into DeviceClasses.
+pub use kroce_contracts::dra::{CONFIG_API_VERSION, CONFIG_KIND};
 /// IPv4's minimum and ConnectX's largest MTU.
 pub const MTU_RANGE: std::ops::RangeInclusive<u64> = 68..=9978;
 pub const MAX_VLAN: u64 = 4094;

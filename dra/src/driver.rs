@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 
 /// The DRA driver name: in ResourceSlices, DeviceClasses' selectors
 /// (`device.driver == "rdma.kroce.io"`), claim allocation results, opaque
-/// configuration and the CDI vendor.
-pub const DRIVER_NAME: &str = "rdma.kroce.io";
+/// configuration and the CDI vendor. Defined in `kroce_contracts::dra`,
+/// shared with the operator's DeviceClasses.
+pub use kroce_contracts::dra::DRIVER_NAME;
 /// Field manager and `app.kubernetes.io/managed-by` of what the plugin writes.
 pub const MANAGER: &str = "kroce-dra";
 /// The kubelet's root directory.

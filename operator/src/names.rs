@@ -1,6 +1,7 @@
 //! Every label, annotation, finalizer and field-manager name the controller
 //! and the node agent write, defined once. (Pod-facing annotations shared
-//! with the device plugin, CNI and NRI live in `kroce_contracts`.)
+//! with the device plugin, CNI and NRI, and the DRA driver's name and
+//! config apiVersion/kind shared with kroce-dra, live in `kroce_contracts`.)
 
 /// Field manager of everything the controller applies, and the value of
 /// [`MANAGED_BY_LABEL`] on what it creates.
@@ -22,14 +23,6 @@ pub const NETWORK_LABEL: &str = "kroce.io/network";
 
 /// On a Node the controller cordoned to free held VFs: why (see drain).
 pub const DRAIN_ANNOTATION: &str = "kroce.io/drain";
-
-/// The DRA driver of `kroce-dra-plugin` (a DeviceClass of a `frontend:
-/// dra` network selects its devices). The DRA plugin's opaque config is
-/// `apiVersion` [`DRA_CONFIG_API_VERSION`], `kind` [`DRA_CONFIG_KIND`]
-/// (see `kroce_dra::config`; a test parses ours with it).
-pub const DRA_DRIVER: &str = "rdma.kroce.io";
-pub const DRA_CONFIG_API_VERSION: &str = "rdma.kroce.io/v1alpha1";
-pub const DRA_CONFIG_KIND: &str = "RdmaConfig";
 
 /// On admission perftest pods: the run they belong to.
 pub const ADMISSION_RUN_LABEL: &str = "kroce.io/admission-run";

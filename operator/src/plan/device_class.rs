@@ -11,15 +11,14 @@
 //! select that VF too: [`foreign_vfs`] finds it and the class is not written.
 
 use crate::crd::{RdmaNetworkSpec, RdmaNodeStateSpec};
-use crate::names::{
-    DRA_CONFIG_API_VERSION, DRA_CONFIG_KIND, DRA_DRIVER, MANAGED_BY_LABEL, MANAGER, NETWORK_LABEL,
-};
+use crate::names::{MANAGED_BY_LABEL, MANAGER, NETWORK_LABEL};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClass, DeviceClassConfiguration, DeviceClassSpec, DeviceSelector,
     OpaqueDeviceConfiguration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kroce_contracts::dra::{CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME};
 use sriov_helpers::CpuList;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -136,7 +135,7 @@ fn index_runs(attr: &str, vfs: &BTreeSet<u32>) -> String {
 /// on one of its netdevs. Nothing yet: `false` (the class exists, claims
 /// wait).
 pub fn selector(devices: &NetworkDevices) -> String {
-    let a = format!("device.attributes[{}]", quote(DRA_DRIVER));
+    let a = format!("device.attributes[{}]", quote(DRIVER_NAME));
     let mut by_set: BTreeMap<&BTreeSet<u32>, Vec<&str>> = BTreeMap::new();
     for (pf, vfs) in devices.vfs.iter().filter(|(_, v)| !v.is_empty()) {
         by_set.entry(vfs).or_default().push(pf);
@@ -162,7 +161,7 @@ pub fn selector(devices: &NetworkDevices) -> String {
     }
     format!(
         "device.driver == {} && ({})",
-        quote(DRA_DRIVER),
+        quote(DRIVER_NAME),
         alts.join(" || ")
     )
 }
@@ -171,8 +170,8 @@ pub fn selector(devices: &NetworkDevices) -> String {
 /// counterpart yet and is left out).
 pub fn opaque_parameters(spec: &RdmaNetworkSpec) -> serde_json::Value {
     let mut p = serde_json::Map::new();
-    p.insert("apiVersion".into(), DRA_CONFIG_API_VERSION.into());
-    p.insert("kind".into(), DRA_CONFIG_KIND.into());
+    p.insert("apiVersion".into(), CONFIG_API_VERSION.into());
+    p.insert("kind".into(), CONFIG_KIND.into());
     if let Some(v) = spec.vlan {
         p.insert("vlan".into(), v.into());
     }
@@ -225,7 +224,7 @@ pub fn device_class(
             }]),
             config: Some(vec![DeviceClassConfiguration {
                 opaque: Some(OpaqueDeviceConfiguration {
-                    driver: DRA_DRIVER.into(),
+                    driver: DRIVER_NAME.into(),
                     parameters: RawExtension(opaque_parameters(spec)),
                 }),
             }]),
