@@ -16,7 +16,12 @@
 //! networkData; StopPodSandbox gives the VF back (name, MAC, MTU), releases
 //! its lease and removes the result, the primary network untouched by it;
 //! a request whose IPAM plugin does not exist fails RunPodSandbox with the
-//! node as before; cycles leak nothing.
+//! node as before; cycles leak nothing. Memlock: a container given the
+//! claim's CDI device (the spec the DRA plugin writes, with its
+//! `KROCE_DRA_CLAIM_<UID>` env) runs with the claim's memlock request
+//! (`<state>/dra-memlock/<uid>.json`) as RLIMIT_MEMLOCK, read from
+//! `/proc/<pid>/limits` of its process; a container of the same pod without
+//! the device keeps the runtime's default.
 //!
 //! Needs root, netns, and the peers of `ci/real-peers.sh`; skips without
 //! them, except in CI, where a skip is a failure.
@@ -48,6 +53,9 @@ const PRIMARY: &str = "kroce-ctd-primary";
 const VF_MTU: u32 = 1500;
 const CLAIM_MTU: u32 = 4000;
 const CLAIM_SUBNET: &str = "10.79.0.0/24";
+/// The claim's memlock request: under this machine's 8 MiB hard limit
+/// (root without CAP_SYS_RESOURCE), so it is granted as asked.
+const CLAIM_MEMLOCK: u64 = 4 << 20;
 /// The DRA network's CNI name (host-local's lease dir): the contract's
 /// `CNI_NETWORK_NAME`, and the request dir `<state>/dra-attach`, written
 /// literally here: this test checks the files as the plugins exchange them.
@@ -217,6 +225,34 @@ impl Rig {
         .unwrap();
     }
 
+    /// What the DRA plugin writes at prepare for a claim with `memlock`:
+    /// the CDI spec (its device's env names the claim; no device nodes,
+    /// this kernel has no /dev/infiniband) and the memlock request, both
+    /// literally as the plugin writes them.
+    fn write_memlock_claim(&self, uid: &str, env: &str) -> String {
+        let device = format!("{uid}-vf-0000-3b-00-2");
+        let spec = json!({"cdiVersion": "0.6.0", "kind": "rdma.kroce.io/claim",
+            "devices": [{"name": device, "containerEdits": {
+                "env": [format!("{env}=default/claim-{uid}"),
+                    format!("KROCE_DRA_VF_0000_3B_00_2_PCI_ADDRESS={}", self.vf[0].0)],
+                "deviceNodes": []}}]});
+        std::fs::write(
+            self.ctd
+                .dir
+                .join("cdi")
+                .join(format!("rdma.kroce.io-claim_{uid}.json")),
+            spec.to_string(),
+        )
+        .unwrap();
+        let dir = self.state_dir.join("dra-memlock");
+        std::fs::create_dir_all(&dir).unwrap();
+        let req = json!({"version": 1, "containerID": uid, "netns": "",
+            "ifname": "vf-0000-3b-00-2", "memlock": CLAIM_MEMLOCK, "network": "vf",
+            "attachments": {"vf-0000-3b-00-2": {"memlock": CLAIM_MEMLOCK, "network": "vf"}}});
+        std::fs::write(dir.join(format!("{uid}.json")), req.to_string()).unwrap();
+        format!("rdma.kroce.io/claim={device}")
+    }
+
     fn result(&self, uid: &str) -> Option<Value> {
         std::fs::read(self.attach_dir().join(format!("{uid}.result.json")))
             .ok()
@@ -335,6 +371,82 @@ async fn stop_and_remove(cri: &mut Cri, id: &str) {
     .unwrap();
 }
 
+/// Creates and starts a sleeping container in `pod` with the CDI devices
+/// given; returns its ID and the (soft, hard) `Max locked memory` of its
+/// process, from the host's `/proc/<pid>/limits`.
+async fn start_sleeper(
+    cri: &mut Cri,
+    rig: &Rig,
+    pod: &str,
+    name: &str,
+    cdi: &[String],
+) -> Result<(String, (String, String)), String> {
+    let config = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image::IMAGE.into(),
+        }),
+        command: vec!["/bin/sh".into(), "-c".into(), "exec sleep 3600".into()],
+        log_path: format!("{name}.log"),
+        cdi_devices: cdi
+            .iter()
+            .map(|n| cri::CdiDevice { name: n.clone() })
+            .collect(),
+        ..Default::default()
+    };
+    let id = cri
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config("dra-pod", &rig.dir.join("logs"))),
+        })
+        .await
+        .map_err(|e| format!("CreateContainer {name}: {}", e.message()))?
+        .into_inner()
+        .container_id;
+    cri.start_container(cri::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .map_err(|e| format!("StartContainer {name}: {}", e.message()))?;
+    let st = cri
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: true,
+        })
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner();
+    let info: Value = serde_json::from_str(st.info.get("info").ok_or("no verbose info")?)
+        .map_err(|e| e.to_string())?;
+    let pid = info["pid"].as_u64().ok_or(format!("no pid: {info}"))?;
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .map_err(|e| format!("/proc/{pid}/limits: {e}"))?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))
+        .ok_or("no Max locked memory line")?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    Ok((id, (w[3].to_owned(), w[4].to_owned())))
+}
+
+async fn remove_container(cri: &mut Cri, id: &str) {
+    cri.stop_container(cri::StopContainerRequest {
+        container_id: id.into(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    cri.remove_container(cri::RemoveContainerRequest {
+        container_id: id.into(),
+    })
+    .await
+    .unwrap();
+}
+
 fn ip_json(args: &[&str]) -> Value {
     let out = Command::new("ip").arg("-j").args(args).output().unwrap();
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
@@ -384,6 +496,39 @@ async fn dra_vf_attached_at_run_and_released_at_stop_through_containerd() {
                 "ips": [addr], "hardwareAddress": rig.vf[0].2})
         );
         assert_eq!(rig.dra_leases().len(), 1);
+
+        if cycle == 0 {
+            // The claim asks for 4 MiB of memlock: the container given its
+            // CDI device runs with it, its sibling without the device not.
+            let cdi = rig
+                .write_memlock_claim(uid, "KROCE_DRA_CLAIM_6C1D3E0A_0000_4000_8000_00000000DD01");
+            let (holder, limits) = start_sleeper(&mut cri, &rig, &id, "holder", &[cdi])
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{e}\n--- kroce-nri\n{}\n--- containerd\n{}",
+                        rig.nri.log_text(),
+                        rig.ctd.log_tail()
+                    )
+                });
+            let want = CLAIM_MEMLOCK.to_string();
+            assert_eq!(
+                limits,
+                (want.clone(), want),
+                "the claim's holder runs with the claim's memlock\n--- kroce-nri\n{}",
+                rig.nri.log_text()
+            );
+            let (plain, plain_limits) = start_sleeper(&mut cri, &rig, &id, "plain", &[])
+                .await
+                .unwrap();
+            assert_ne!(
+                plain_limits.0,
+                CLAIM_MEMLOCK.to_string(),
+                "a container without the claim is not touched"
+            );
+            remove_container(&mut cri, &holder).await;
+            remove_container(&mut cri, &plain).await;
+        }
 
         if cycle == 1 {
             // kroce-nri restarted while the pod runs: the release works from
