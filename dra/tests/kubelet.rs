@@ -245,6 +245,33 @@ async fn prepare_and_unprepare_are_idempotent() {
     assert_eq!(ml["containerID"], uid);
     assert_eq!(ml["memlock"], 1u64 << 30);
     assert_eq!(ml["attachments"]["vf-0000-3b-00-2"]["network"], "vf");
+    // What kroce-nri makes of these two files: a container with the CDI
+    // env holds the claim, and the request file (where kroce-nri reads it,
+    // `<state>/dra-memlock/`) gives it the claim's 1 GiB.
+    let nri_state = tempfile::tempdir().unwrap();
+    let nri_dir = kroce_contracts::memlock_file::dra_dir(nri_state.path());
+    std::fs::create_dir_all(&nri_dir).unwrap();
+    std::fs::copy(
+        rig.opts
+            .paths
+            .memlock_dir
+            .as_ref()
+            .unwrap()
+            .join(format!("{uid}.json")),
+        nri_dir.join(format!("{uid}.json")),
+    )
+    .unwrap();
+    let container = kroce_nri::proto::api::Container {
+        id: "holder".into(),
+        env: env.clone(),
+        ..Default::default()
+    };
+    let nri = kroce_nri::handler::Handler::new(
+        kroce_nri::Memlock::Unlimited,
+        kroce_nri::cni_requests::StateDir::new(nri_state.path()),
+    );
+    let d = nri.decide(&container, None);
+    assert_eq!(d.limit(), Some(kroce_nri::Memlock::Bytes(1 << 30)), "{d:?}");
     let files = rig.outputs();
     assert_eq!(files.len(), 3, "{files:?}");
 
