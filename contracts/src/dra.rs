@@ -43,7 +43,11 @@ pub fn claim_env(uid: &str) -> String {
 pub fn claim_uid_of_env(entry: &str) -> Option<String> {
     let name = entry.split_once('=').map_or(entry, |(n, _)| n);
     let suffix = name.strip_prefix(CLAIM_ENV_PREFIX)?;
-    let ok = !suffix.is_empty()
+    // A UID starts with a letter or digit (and so can name a file).
+    let ok = suffix
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
         && suffix
             .bytes()
             .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase() || b == b'_');
@@ -90,6 +94,7 @@ mod tests {
             "KROCE_DRA_CLAIM_",
             "KROCE_DRA_CLAIM_abc=x",
             "KROCE_DRA_CLAIM_A-B=x",
+            "KROCE_DRA_CLAIM__AB=x",
             "KROCE_DRA_CLAIM_../X=y",
             "KROCE_DRA_VF_0000_3B_00_2_PCI_ADDRESS=0000:3b:00.2",
             "kroce_dra_claim_AB=x",
