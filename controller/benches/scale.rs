@@ -114,10 +114,17 @@ async fn scenario(nodes: usize) {
         ),
     )
     .unwrap();
+    // A free port for the controller's /metrics (reconcile counters).
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{metrics_port}");
     let started = Instant::now();
     let child = Killed(
         Command::new(controller_bin())
-            .args(["run", "--leader-election=false", "--listen", "127.0.0.1:0"])
+            .args(["run", "--leader-election=false", "--listen", &listen])
             .env("KUBECONFIG", &kubeconfig)
             .env("KROCE_LOG_LEVEL", "warn")
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -143,11 +150,28 @@ async fn scenario(nodes: usize) {
         }
     };
     let converge_requests = server.calls().len();
-    assert!(
-        quiet(&server, Duration::from_secs(180)).await,
-        "never quiet"
+    eprintln!(
+        "{nodes} nodes: converged in {:.2} s, {converge_requests} requests",
+        converged.as_secs_f64()
     );
+    // Quiet: no request for 2 s (status writes of admission included).
+    let settle_started = Instant::now();
+    let settled = quiet(&server, Duration::from_secs(600)).await;
+    let settle_time = started.elapsed();
+    if !settled {
+        eprintln!(
+            "{nodes} nodes: not quiet {:.0} s after converging",
+            settle_started.elapsed().as_secs_f64()
+        );
+    }
     let settle_requests = server.calls().len();
+    let status_writes = server
+        .calls()
+        .iter()
+        .filter(|c| {
+            c.method == "PATCH" && c.path.contains("rdmanodestates") && c.path.ends_with("/status")
+        })
+        .count();
     if std::env::var_os("KROCE_BENCH_DETAIL").is_some() {
         let mut by: std::collections::BTreeMap<String, usize> = Default::default();
         for c in &server.calls()[..] {
@@ -183,6 +207,7 @@ async fn scenario(nodes: usize) {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let steady_writes = writes(&server, before);
     // One node label change.
+    let counters_before = reconcile_counters(metrics_port).await;
     let before = server.calls().len();
     server.update(CORE, "nodes", "", "node-00007", |n| {
         n["metadata"]["labels"]["team"] = json!("a");
@@ -190,16 +215,46 @@ async fn scenario(nodes: usize) {
     assert!(quiet(&server, Duration::from_secs(60)).await, "never quiet");
     let label_requests = server.calls().len() - before;
     let label_writes = writes(&server, before);
+    let counters_after = reconcile_counters(metrics_port).await;
+    let (node_reconciles, network_reconciles) = (
+        counters_after.0 - counters_before.0,
+        counters_after.1 - counters_before.1,
+    );
     let rss = peak_rss_kib(pid);
     drop(child);
     serving.abort();
     println!(
-        "{nodes} nodes x {NETWORKS} networks: converged in {:.2} s ({converge_requests} requests, \
-         {settle_requests} when quiet); one node label change: {label_requests} requests, \
-         {label_writes} writes; quiet 5 s: {steady_writes} writes; controller peak RSS {} MiB",
+        "{nodes} nodes x {NETWORKS} networks: converged in {:.2} s ({converge_requests} requests); quiet after {:.1} s ({settle_requests} requests, of \
+         which {status_writes} node state status writes); one node label change: {node_reconciles} node and \
+         {network_reconciles} network reconciles (in the window: {label_requests} requests, \
+         {label_writes} writes); quiet 5 s: {steady_writes} writes; controller peak RSS {} MiB",
         converged.as_secs_f64(),
+        settle_time.as_secs_f64(),
         rss / 1024,
     );
+}
+
+/// (node reconciles, network reconciles) from the controller's /metrics.
+async fn reconcile_counters(port: u16) -> (u64, u64) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).await.unwrap();
+    let value = |name: &str| -> u64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{body}")) as u64
+    };
+    (
+        value("kroce_node_reconciles_total"),
+        value("kroce_reconciles_total"),
+    )
 }
 
 fn main() {
