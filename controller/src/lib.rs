@@ -337,5 +337,33 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
     tokio::select! {
         _ = driver => anyhow::bail!("the shared watches ended"),
         _ = futures::future::join(network_loop, node_loop) => Ok(()),
+        // The loops' graceful shutdown would also wait out every requeue
+        // still scheduled (up to 300 s): in-flight reconciles get this long.
+        _ = async {
+            signalled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::info!("shutting down: requeued work left for the next leader");
+            Ok(())
+        }
+    }
+}
+
+/// How long in-flight reconciles get after SIGTERM (the kubelet's default
+/// grace period is 30 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// SIGTERM or Ctrl-C (what `shutdown_on_signal` stops the loops on).
+async fn signalled() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

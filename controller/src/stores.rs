@@ -9,7 +9,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +26,8 @@ pub struct Stores {
     pub configmaps: Store<ConfigMap>,
     /// Only admission perftest pods, in the test namespace.
     pub test_pods: Store<Pod>,
+    /// Kinds whose watch has failed at least once (see [`Stores::ready`]).
+    failed: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -41,27 +43,43 @@ impl std::fmt::Debug for Stores {
 impl Stores {
     /// Until every store has had its first full list: a reconcile before
     /// that would plan from part of the cluster (and write again as the
-    /// rest arrives).
+    /// rest arrives). A kind whose watch fails (not served, or RBAC
+    /// missing) does not hold reconciles back for ever: they go on with
+    /// what that store has while its watch retries (the warning names it).
     pub async fn ready(&self) -> Result<(), StoreError> {
-        let gone = |what| move |_| StoreError { what };
-        self.networks
-            .wait_until_ready()
-            .await
-            .map_err(gone("rdmanetworks"))?;
-        self.nodes.wait_until_ready().await.map_err(gone("nodes"))?;
-        self.states
-            .wait_until_ready()
-            .await
-            .map_err(gone("rdmanodestates"))?;
-        self.configmaps
-            .wait_until_ready()
-            .await
-            .map_err(gone("configmaps"))?;
-        self.test_pods
-            .wait_until_ready()
-            .await
-            .map_err(gone("pods"))?;
-        Ok(())
+        loop {
+            let mut pending = false;
+            for (kind, ready) in [
+                ("RdmaNetwork", Self::ready_now(&self.networks)),
+                ("Node", Self::ready_now(&self.nodes)),
+                ("RdmaNodeState", Self::ready_now(&self.states)),
+                ("ConfigMap", Self::ready_now(&self.configmaps)),
+                ("Pod", Self::ready_now(&self.test_pods)),
+            ] {
+                match ready {
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => return Err(StoreError { what: "watch" }),
+                    None => {
+                        let failed = self.failed.lock().map(|f| f.contains(kind)).unwrap_or(true);
+                        pending |= !failed;
+                    }
+                }
+            }
+            if !pending {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    fn ready_now<K>(
+        store: &Store<K>,
+    ) -> Option<Result<(), kube::runtime::reflector::store::WriterDropped>>
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Eq + Hash + Clone,
+    {
+        store.wait_until_ready().now_or_never()
     }
 
     /// Every RdmaNodeState, by name (= node name).
@@ -145,6 +163,7 @@ fn drive<K>(
     config: watcher::Config,
     writer: Writer<K>,
     strip: fn(&mut K),
+    failed: Arc<Mutex<BTreeSet<String>>>,
 ) -> impl std::future::Future<Output = ()> + Send
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -158,6 +177,9 @@ where
         .for_each(move |ev| {
             if let Err(e) = ev {
                 tracing::warn!(kind = %kind, error = %e, "watch failed; retrying with backoff");
+                if let Ok(mut f) = failed.lock() {
+                    f.insert(kind.clone());
+                }
             }
             std::future::ready(())
         })
@@ -204,31 +226,42 @@ pub fn start(
     ];
     let pods_sub = pods_w.subscribe().ok_or_else(|| sub("pods"))?;
     let any = || watcher::Config::default().any_semantic();
+    let failed: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     let driver = futures::future::join5(
-        drive(Api::<Node>::all(client.clone()), any(), nodes_w, strip_node),
+        drive(
+            Api::<Node>::all(client.clone()),
+            any(),
+            nodes_w,
+            strip_node,
+            failed.clone(),
+        ),
         drive(
             Api::<RdmaNetwork>::all(client.clone()),
             any(),
             networks_w,
             strip_managed,
+            failed.clone(),
         ),
         drive(
             Api::<RdmaNodeState>::all(client.clone()),
             any(),
             states_w,
             strip_managed,
+            failed.clone(),
         ),
         drive(
             Api::<ConfigMap>::namespaced(client.clone(), namespace),
             any().fields(&format!("metadata.name={configmap}")),
             configmaps_w,
             strip_managed,
+            failed.clone(),
         ),
         drive(
             Api::<Pod>::namespaced(client.clone(), test_namespace),
             any().labels(kroce_operator::names::ADMISSION_RUN_LABEL),
             pods_w,
             strip_managed,
+            failed.clone(),
         ),
     )
     .map(|_| ())
@@ -240,6 +273,7 @@ pub fn start(
             states,
             configmaps,
             test_pods,
+            failed,
         },
         nodes: nodes_sub,
         networks: networks_sub,
@@ -320,5 +354,6 @@ pub fn from_objects(
         states: fill(states, strip_managed),
         configmaps: fill(configmaps, strip_managed),
         test_pods: fill(test_pods, strip_managed),
+        failed: Arc::default(),
     }
 }
