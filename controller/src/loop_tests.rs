@@ -162,13 +162,18 @@ async fn a_converged_cluster_writes_nothing_on_resync() {
     assert!(lists.is_empty(), "reconciles listed: {lists:?}");
 }
 
-/// The running loops: one Node label change costs one node reconcile and
-/// no network reconcile (the old controller requeued every network on
-/// every Node event, and each of those listed and wrote the whole cluster).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_node_event_is_one_node_reconcile_and_no_network_reconcile() {
+/// Both loops running over their own stores against a fresh server with
+/// `nodes` x `networks`.
+fn running(
+    nodes: usize,
+    networks: usize,
+) -> (
+    ApiServer,
+    Arc<Metrics>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let (client, server) = ApiServer::start();
-    cluster(&server, 20, 10);
+    cluster(&server, nodes, networks);
     let metrics = Arc::new(Metrics::default());
     let shared = stores::start(
         &client,
@@ -184,7 +189,15 @@ async fn one_node_event_is_one_node_reconcile_and_no_network_reconcile() {
         metrics.clone(),
         shared.stores.clone(),
     );
-    let task = tokio::spawn(run(ctx, shared));
+    (server, metrics, tokio::spawn(run(ctx, shared)))
+}
+
+/// The running loops: one Node label change costs one node reconcile and
+/// no network reconcile (the old controller requeued every network on
+/// every Node event, and each of those listed and wrote the whole cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_event_is_one_node_reconcile_and_no_network_reconcile() {
+    let (server, metrics, task) = running(20, 10);
     // Converged: every network Ready or waiting on agents, node specs out,
     // and a quiet second.
     let settled = |m: &Metrics| {
@@ -234,24 +247,7 @@ async fn one_node_event_is_one_node_reconcile_and_no_network_reconcile() {
 /// reconcile (no node plan reads admission).
 #[tokio::test]
 async fn one_networks_admission_entry_wakes_only_that_network() {
-    let (client, server) = ApiServer::start();
-    cluster(&server, 20, 10);
-    let metrics = Arc::new(Metrics::default());
-    let shared = stores::start(
-        &client,
-        "kroce-system",
-        "kroce-device-plugin",
-        "kroce-perftest",
-    )
-    .unwrap();
-    let ctx = Context::new(
-        client,
-        "kroce-system",
-        "kroce-device-plugin",
-        metrics.clone(),
-        shared.stores.clone(),
-    );
-    let task = tokio::spawn(run(ctx, shared));
+    let (server, metrics, task) = running(20, 10);
     let settled = |m: &Metrics| (m.reconciles.get(), m.node_reconciles.get());
     let mut last = settled(&metrics);
     let mut quiet = 0;
