@@ -353,8 +353,9 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
 /// grace period is 30 s).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// SIGTERM or Ctrl-C (what `shutdown_on_signal` stops the loops on).
-async fn signalled() {
+/// SIGTERM (kubelet) or Ctrl-C: what `shutdown_on_signal` stops the loops
+/// on, and what ends leading.
+pub async fn signalled() {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {

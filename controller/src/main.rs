@@ -104,21 +104,6 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// SIGTERM (kubelet) or Ctrl-C.
-async fn terminated() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Run {
@@ -183,7 +168,9 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                     &identity,
                     LeaseTimings::for_duration(Duration::from_secs(lease_duration_seconds)),
                 );
-                lead(&mut elector, work, terminated()).await.map(|_| ())
+                lead(&mut elector, work, kroce_controller::signalled())
+                    .await
+                    .map(|_| ())
             } else {
                 work().await
             };
