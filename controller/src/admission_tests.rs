@@ -615,3 +615,89 @@ fn admission_has_its_own_field_manager() {
     assert_ne!(ADMISSION_MANAGER, kroce_operator::names::AGENT_MANAGER);
     assert_ne!(ADMISSION_MANAGER, super::MANAGER);
 }
+
+#[tokio::test]
+async fn one_pass_writes_every_networks_entry_of_a_node_at_once() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    // Two more networks on the same nodes (other VFs of the same PF).
+    for (name, range) in [("b", "4-5"), ("c", "6-7")] {
+        c.server.insert(
+            KROCE,
+            "rdmanetworks",
+            json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+                   "metadata": {"name": name},
+                   "spec": {"nodeSelector": {"rdma": "yes"},
+                            "nicSelector": {"pfNames": [format!("ens1f0#{range}")]},
+                            "numVfs": 8, "resourceName": name,
+                            "admission": {"minBandwidthGbps": 90}}}),
+        );
+    }
+    let admission_writes = |from: usize| {
+        c.server.calls()[from..]
+            .iter()
+            .filter(|k| k.method == "PATCH" && k.path.ends_with("/n1/status"))
+            .filter(|k| k.query.contains(ADMISSION_MANAGER))
+            .count()
+    };
+    c.reconcile().await; // the finalizer
+    let before = c.server.calls().len();
+    c.reconcile().await;
+    let networks: Vec<String> = c
+        .state("n1")
+        .status
+        .unwrap()
+        .admission
+        .iter()
+        .map(|e| e.network.clone())
+        .collect();
+    assert_eq!(
+        networks,
+        ["b", "c", "fast"],
+        "one pass records every network"
+    );
+    assert_eq!(admission_writes(before), 1, "one write for n1");
+    // The other networks' own reconciles find nothing left to write.
+    let before = c.server.calls().len();
+    for name in ["b", "c"] {
+        // Twice: the first only adds the finalizer.
+        for _ in 0..2 {
+            let v = c.server.get(KROCE, "rdmanetworks", "", name).unwrap();
+            let net: RdmaNetwork = serde_json::from_value(v).unwrap();
+            reconcile(Arc::new(net), fresh(&c.ctx, &c.server))
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(admission_writes(before), 0);
+}
+
+#[tokio::test]
+async fn another_networks_pass_leaves_a_running_test_alone() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    let (server_pod, run) = c.to_server_pod().await;
+    // b selects other nodes (on these, a change to the PF would rightly
+    // restart fast's run).
+    c.server.insert(
+        KROCE,
+        "rdmanetworks",
+        json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+               "metadata": {"name": "b"},
+               "spec": {"nodeSelector": {"rdma": "other"},
+                        "nicSelector": {"pfNames": ["ens1f0#4-5"]},
+                        "numVfs": 8, "resourceName": "b",
+                        "admission": {"minBandwidthGbps": 90}}}),
+    );
+    for _ in 0..2 {
+        let v = c.server.get(KROCE, "rdmanetworks", "", "b").unwrap();
+        let net: RdmaNetwork = serde_json::from_value(v).unwrap();
+        reconcile(Arc::new(net), fresh(&c.ctx, &c.server))
+            .await
+            .unwrap();
+    }
+    assert!(
+        c.server.get(CORE, "pods", TEST_NS, &server_pod).is_some(),
+        "network b's pass deleted fast's test pod"
+    );
+    assert_eq!(c.entry("n1")["phase"], "Testing");
+    assert!(c.entry("n1").to_string().contains(&run), "still run {run}");
+}

@@ -108,7 +108,7 @@ pub(crate) async fn sync(
         .networks
         .iter()
         .filter(|n| n.spec.frontend == Frontend::Dra)
-        .map(ResourceExt::name_any)
+        .map(|n| n.name_any())
         .collect();
     let foreign = foreign_vfs(&name, &devices, specs.iter().copied(), |n| dra.contains(n));
     if !foreign.is_empty() {

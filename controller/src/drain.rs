@@ -223,7 +223,7 @@ pub async fn step(ctx: &Context, enabled: bool) -> Result<Vec<DrainAction>, Erro
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
             mark: n.annotations().get(DRAIN_ANNOTATION).cloned(),
-            state: states.get(&n.name_any()).map(HeldReport::from_state),
+            state: states.get(&n.name_any()).map(|s| HeldReport::from_state(s)),
         })
         .collect();
     let actions = plan_drain(&views, enabled);

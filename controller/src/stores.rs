@@ -82,12 +82,14 @@ impl Stores {
         store.wait_until_ready().now_or_never()
     }
 
-    /// Every RdmaNodeState, by name (= node name).
-    pub fn states_by_name(&self) -> BTreeMap<String, RdmaNodeState> {
+    /// Every RdmaNodeState, by name (= node name). Shared with the store,
+    /// not copied: at thousands of nodes a copy per pass was most of the
+    /// controller's peak memory.
+    pub fn states_by_name(&self) -> BTreeMap<String, Arc<RdmaNodeState>> {
         self.states
             .state()
             .into_iter()
-            .map(|s| (s.name_any(), (*s).clone()))
+            .map(|s| (s.name_any(), s))
             .collect()
     }
 
@@ -100,16 +102,12 @@ impl Stores {
         self.nodes.get(&reflector::ObjectRef::<Node>::new(node))
     }
 
-    pub fn nodes(&self) -> Vec<Node> {
-        self.nodes.state().iter().map(|n| (**n).clone()).collect()
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.state()
     }
 
-    pub fn networks(&self) -> Vec<RdmaNetwork> {
-        self.networks
-            .state()
-            .iter()
-            .map(|n| (**n).clone())
-            .collect()
+    pub fn networks(&self) -> Vec<Arc<RdmaNetwork>> {
+        self.networks.state()
     }
 
     /// The device plugin ConfigMap, if it exists.
@@ -119,20 +117,19 @@ impl Stores {
     }
 
     /// Test pods whose labels include every `key=value` of `selector`.
-    pub fn test_pods(&self, selector: &str) -> Vec<Pod> {
+    pub fn test_pods(&self, selector: &str) -> Vec<Arc<Pod>> {
         let wanted: Vec<(&str, &str)> = selector
             .split(',')
             .filter_map(|t| t.split_once('='))
             .collect();
         self.test_pods
             .state()
-            .iter()
+            .into_iter()
             .filter(|p| {
                 wanted
                     .iter()
                     .all(|(k, v)| p.labels().get(*k).map(String::as_str) == Some(*v))
             })
-            .map(|p| (**p).clone())
             .collect()
     }
 }

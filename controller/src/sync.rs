@@ -17,13 +17,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a reconcile reads, from the shared stores (never a LIST).
 pub(crate) struct World {
-    pub networks: Vec<RdmaNetwork>,
-    pub nodes: Vec<Node>,
-    pub states: BTreeMap<String, RdmaNodeState>,
+    pub networks: Vec<Arc<RdmaNetwork>>,
+    pub nodes: Vec<Arc<Node>>,
+    pub states: BTreeMap<String, Arc<RdmaNodeState>>,
 }
 
 pub(crate) fn world(ctx: &Context) -> World {
@@ -293,7 +294,7 @@ fn crd_missing_retry(previous: Option<&RdmaNetworkStatus>, now: &str) -> Duratio
 pub(crate) fn network_status(
     net: &RdmaNetwork,
     plan: &ClusterPlan,
-    states: &BTreeMap<String, RdmaNodeState>,
+    states: &BTreeMap<String, std::sync::Arc<RdmaNodeState>>,
 ) -> RdmaNetworkStatus {
     let name = net.name_any();
     let matched: Vec<&str> = plan.matched_nodes(&name).map(|n| n.node.as_str()).collect();

@@ -130,7 +130,11 @@ mod tests {
         s
     }
 
-    fn entry(network: &str, phase: &str, state: serde_json::Value) -> NetworkAdmission {
+    fn entry(
+        network: &str,
+        phase: &str,
+        state: kroce_admission::lifecycle::NodeAdmission,
+    ) -> NetworkAdmission {
         NetworkAdmission {
             network: network.into(),
             phase: phase.into(),
@@ -148,7 +152,7 @@ mod tests {
         let mut s = state(&["a", "b", "c"]);
         assert_eq!(w.networks(&s), ["a", "b", "c"]);
         assert!(w.networks(&s).is_empty(), "same state again");
-        s.status.as_mut().unwrap().admission = vec![entry("a", "Admitted", serde_json::json!({}))];
+        s.status.as_mut().unwrap().admission = vec![entry("a", "Admitted", Default::default())];
         s.status.as_mut().unwrap().admission_phase = Some("Pending".into());
         assert_eq!(w.networks(&s), ["a"]);
         s.status.as_mut().unwrap().last_sync_time = Some("2026-12-02T00:00:00Z".into());
@@ -179,7 +183,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let rec = entry("a", "Testing", serde_json::to_value(&testing).unwrap());
+        let rec = entry("a", "Testing", testing);
         s.status.as_mut().unwrap().admission = vec![rec];
         assert_eq!(w.networks(&s), ["a", "b"]);
     }
@@ -205,7 +209,7 @@ mod tests {
     fn the_node_loop_ignores_admission_and_heartbeats() {
         let mut s = state(&["a"]);
         let before = node_fingerprint(&s);
-        s.status.as_mut().unwrap().admission = vec![entry("a", "Admitted", serde_json::json!({}))];
+        s.status.as_mut().unwrap().admission = vec![entry("a", "Admitted", Default::default())];
         s.status.as_mut().unwrap().admission_phase = Some("Admitted".into());
         s.status.as_mut().unwrap().last_sync_time = Some("t".into());
         assert_eq!(node_fingerprint(&s), before);

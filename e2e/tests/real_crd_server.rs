@@ -423,7 +423,16 @@ async fn controller_agent_and_admission_share_a_node_state_by_server_side_apply(
         network: "fast".into(),
         phase: "Admitted".into(),
         schedulable: true,
-        state: json!({"phase": "Admitted"}),
+        state: kroce_admission::lifecycle::NodeAdmission {
+            phase: kroce_admission::lifecycle::AdmissionPhase::Admitted {
+                at: kroce_admission::lifecycle::AdmittedAt {
+                    at: 1_767_225_600,
+                    generation: 1,
+                    without_test: false,
+                },
+            },
+            ..Default::default()
+        },
         ..Default::default()
     };
     let adm = json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
@@ -438,6 +447,9 @@ async fn controller_agent_and_admission_share_a_node_state_by_server_side_apply(
         .unwrap();
     let st = after_adm.status.clone().unwrap();
     assert_eq!(st.admission_phase.as_deref(), Some("Admitted"));
+    // The record reads back equal through the real server (else every
+    // pass would see a change and write again).
+    assert_eq!(st.admission, [entry.clone()]);
     assert_eq!(
         st.configured_pfs, 1,
         "admission's apply kept the agent's fields"

@@ -40,13 +40,16 @@ pub(crate) fn stored(entries: &[NetworkAdmission], network: &str) -> NodeAdmissi
 }
 
 pub(crate) fn record(e: &NetworkAdmission) -> NodeAdmission {
-    serde_json::from_value(e.state.clone()).unwrap_or_default()
+    e.state.clone()
 }
+
+/// `phase` of an entry whose node is in a test run.
+pub(crate) const TESTING_PHASE: &str = "Testing";
 
 pub(crate) fn phase_name(p: &AdmissionPhase) -> &'static str {
     match p {
         AdmissionPhase::Pending => "Pending",
-        AdmissionPhase::Testing { .. } => "Testing",
+        AdmissionPhase::Testing { .. } => TESTING_PHASE,
         AdmissionPhase::Admitted { .. } => "Admitted",
         AdmissionPhase::Failed { .. } => "Failed",
     }
@@ -120,7 +123,7 @@ pub fn entry_for(
         message,
         last_result: last,
         conditions,
-        state: serde_json::to_value(adm).unwrap_or_default(),
+        state: adm.clone(),
     }
 }
 
@@ -181,7 +184,7 @@ pub(crate) async fn persist_and_mark(
     ctx: &Context,
     plan: &ClusterPlan,
     world: &World,
-    mut entries: BTreeMap<String, Vec<NetworkAdmission>>,
+    entries: Entries<'_>,
 ) -> Result<(), Error> {
     let selected: BTreeMap<&str, &[String]> = plan
         .nodes
@@ -189,11 +192,19 @@ pub(crate) async fn persist_and_mark(
         .map(|n| (n.node.as_str(), n.selected.as_slice()))
         .collect();
     let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
-    for (node, list) in entries.iter_mut() {
+    for (node, state) in &world.states {
         let sel = selected.get(node.as_str()).copied().unwrap_or(&[]);
-        list.retain(|e| sel.contains(&e.network));
-        let Some(state) = world.states.get(node) else {
-            continue;
+        let current = entries.of(node);
+        let kept;
+        let list = if current.iter().all(|e| sel.contains(&e.network)) {
+            current
+        } else {
+            kept = current
+                .iter()
+                .filter(|e| sel.contains(&e.network))
+                .cloned()
+                .collect::<Vec<_>>();
+            kept.as_slice()
         };
         let before = entries_of(state);
         let phase = summary_phase(list);
@@ -201,7 +212,7 @@ pub(crate) async fn persist_and_mark(
             .status
             .as_ref()
             .and_then(|s| s.admission_phase.clone());
-        if before == list.as_slice()
+        if before == list
             && (had_phase.as_deref() == Some(phase.as_str())
                 || (before.is_empty() && had_phase.is_none()))
         {
@@ -219,12 +230,11 @@ pub(crate) async fn persist_and_mark(
         )
         .await?;
     }
-    let empty: Vec<NetworkAdmission> = Vec::new();
     let nodes_api: Api<Node> = Api::all(ctx.client.clone());
     for node in &world.nodes {
         let name = node.name_any();
         let sel = selected.get(name.as_str()).copied().unwrap_or(&[]);
-        let list = entries.get(&name).unwrap_or(&empty);
+        let list = entries.of(&name);
         let (want_taint, want_label) = desired_marks(sel, &world.gates, list);
         if want_taint != has_taint(node) {
             let mut taints: Vec<serde_json::Value> = node
@@ -295,10 +305,69 @@ pub(crate) async fn persist_and_mark(
     Ok(())
 }
 
-pub(crate) fn current_entries(world: &World) -> BTreeMap<String, Vec<NetworkAdmission>> {
-    world
-        .states
-        .iter()
-        .map(|(n, s)| (n.clone(), entries_of(s).to_vec()))
-        .collect()
+/// Every node's `status.admission` during a pass: what the stores hold,
+/// with this pass's changes on top. Only changed nodes are copied: at
+/// thousands of nodes a full copy (and rebuilding unchanged entries) was
+/// a large part of the controller's memory.
+pub(crate) struct Entries<'w> {
+    world: &'w World,
+    changed: BTreeMap<String, Vec<NetworkAdmission>>,
+}
+
+impl<'w> Entries<'w> {
+    pub(crate) fn new(world: &'w World) -> Self {
+        Entries {
+            world,
+            changed: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn of(&self, node: &str) -> &[NetworkAdmission] {
+        match self.changed.get(node) {
+            Some(list) => list,
+            None => self.world.states.get(node).map_or(&[], |s| entries_of(s)),
+        }
+    }
+
+    /// Every entry of every node.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &NetworkAdmission> {
+        let stored = self
+            .world
+            .states
+            .iter()
+            .filter(|(n, _)| !self.changed.contains_key(*n))
+            .flat_map(|(_, s)| entries_of(s));
+        stored.chain(self.changed.values().flatten())
+    }
+
+    /// Records `entry` for its network on `node`.
+    pub(crate) fn set(&mut self, node: &str, entry: NetworkAdmission) {
+        let list = self.list_mut(node);
+        list.retain(|e| e.network != entry.network);
+        list.push(entry);
+        list.sort_by(|a, b| a.network.cmp(&b.network));
+    }
+
+    /// Drops `network`'s entry from every node.
+    pub(crate) fn remove_network(&mut self, network: &str) {
+        let nodes: Vec<String> = self
+            .world
+            .states
+            .keys()
+            .chain(self.changed.keys())
+            .filter(|n| self.of(n).iter().any(|e| e.network == network))
+            .cloned()
+            .collect();
+        for n in nodes {
+            self.list_mut(&n).retain(|e| e.network != network);
+        }
+    }
+
+    fn list_mut(&mut self, node: &str) -> &mut Vec<NetworkAdmission> {
+        if !self.changed.contains_key(node) {
+            let copy = self.of(node).to_vec();
+            self.changed.insert(node.to_string(), copy);
+        }
+        self.changed.entry(node.to_string()).or_default()
+    }
 }

@@ -38,7 +38,7 @@ pub use settings::*;
 use world::{World, list_world};
 
 use super::{Context, Error};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kroce_admission::lifecycle::{
     self, Action as Step, AdmissionInput, AdmissionPhase, NodeAdmission, NodeView, RunOutcome,
     TestRun,
@@ -142,28 +142,51 @@ async fn outcome(
     None
 }
 
+/// The state machine's record when the entry says Testing (most entries
+/// do not: reading the phase name first spares parsing every record).
+fn testing(e: &NetworkAdmission) -> Option<NodeAdmission> {
+    (e.phase == marks::TESTING_PHASE)
+        .then(|| record(e))
+        .filter(|r| matches!(r.phase, AdmissionPhase::Testing { .. }))
+}
+
+/// What one network's part of a pass came to.
+enum Pass {
+    /// Look again after this long.
+    Wake(Duration),
+    /// The admission block is unusable: why.
+    Invalid(String),
+}
+
 /// Plans and carries out one network's admission; updates `entries`
-/// (per node) with the network's new records. Returns when to look again.
+/// (per node) with the network's new records.
 async fn run_network(
     ctx: &Context,
     net: &RdmaNetwork,
     spec: &AdmissionSpec,
     plan: &ClusterPlan,
     world: &World,
-    entries: &mut BTreeMap<String, Vec<NetworkAdmission>>,
+    entries: &mut Entries<'_>,
     now: u64,
-) -> Result<Duration, Error> {
+) -> Result<Pass, Error> {
     let name = net.name_any();
     let resource = net.spec.full_resource_name(&name);
     let settings = &ctx.admission;
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &settings.test_namespace);
-    let empty: &[NetworkAdmission] = &[];
+    let nodes: BTreeMap<String, &Node> = world.nodes.iter().map(|n| (n.name_any(), &**n)).collect();
+    // This network's test pods only: another's runs are not orphans here.
+    let pods: Vec<&Pod> = world
+        .pods
+        .iter()
+        .map(|p| &**p)
+        .filter(|p| label(p, ADMISSION_NETWORK_LABEL) == Some(name.as_str()))
+        .collect();
 
     // Nodes in another network's run sit this one out until it ends.
     let mut elsewhere = BTreeSet::new();
     let mut here = BTreeSet::new();
-    for e in entries.values().flatten() {
-        if let AdmissionPhase::Testing { run, .. } = record(e).phase {
+    for e in entries.all() {
+        if let Some(AdmissionPhase::Testing { run, .. }) = testing(e).map(|r| r.phase) {
             let set = if e.network == name {
                 &mut here
             } else {
@@ -178,19 +201,15 @@ async fn run_network(
         if elsewhere.contains(&np.node) && !here.contains(&np.node) {
             continue;
         }
-        let state = world.states.get(&np.node);
+        let state = world.states.get(&np.node).map(|s| &**s);
         let (config_generation, config_in_sync) = config_view(np, state, &name);
-        let marked_ready = world
-            .nodes
-            .iter()
-            .find(|n| n.name_any() == np.node)
-            .map(|n| match spec.gate {
-                AdmissionGate::Taint => !has_taint(n),
-                AdmissionGate::Label => has_label(n),
-            });
+        let marked_ready = nodes.get(&np.node).map(|n| match spec.gate {
+            AdmissionGate::Taint => !has_taint(n),
+            AdmissionGate::Label => has_label(n),
+        });
         views.push(NodeView {
             name: np.node.clone(),
-            admission: stored(entries.get(&np.node).map_or(empty, Vec::as_slice), &name),
+            admission: stored(entries.of(&np.node), &name),
             config_generation,
             config_in_sync,
             marked_ready,
@@ -199,7 +218,7 @@ async fn run_network(
 
     // Finished runs, from their pods.
     let mut by_run: BTreeMap<&str, (Option<&Pod>, Option<&Pod>)> = BTreeMap::new();
-    for p in &world.pods {
+    for p in pods.iter().copied() {
         let Some(run) = label(p, ADMISSION_RUN_LABEL) else {
             continue;
         };
@@ -225,11 +244,14 @@ async fn run_network(
     }
     // The concurrency limit is cluster-wide: runs of other networks count.
     let testing_elsewhere = entries
-        .values()
-        .flatten()
+        .all()
         .filter(|e| e.network != name)
-        .filter(|e| matches!(record(e).phase, AdmissionPhase::Testing { .. }))
+        .filter(|e| testing(e).is_some())
         .count() as u32;
+    let before: BTreeMap<String, NodeAdmission> = views
+        .iter()
+        .map(|v| (v.name.clone(), v.admission.clone()))
+        .collect();
     let input = AdmissionInput {
         testing_elsewhere,
         nodes: views,
@@ -239,18 +261,14 @@ async fn run_network(
     };
     let adm = match lifecycle::plan(&input, &spec.policy()) {
         Ok(p) => p,
-        Err(e) => {
-            network_event(ctx, net, "InvalidAdmission", format!("spec.{e}")).await;
-            return Ok(IDLE);
-        }
+        Err(e) => return Ok(Pass::Invalid(format!("spec.{e}"))),
     };
 
     let mut created: BTreeSet<String> = BTreeSet::new();
     for step in &adm.actions {
         match step {
             Step::DeleteTestPods { run_id } => {
-                let names = world
-                    .pods
+                let names = pods
                     .iter()
                     .filter(|p| label(p, ADMISSION_RUN_LABEL) == Some(run_id.as_str()))
                     .map(|p| p.name_any())
@@ -351,18 +369,22 @@ async fn run_network(
 
     let stamp = rfc3339(now);
     for (node, adm_state) in &adm.nodes {
-        let list = entries.entry(node.clone()).or_default();
-        let previous = list.iter().find(|e| e.network == name);
+        let previous = entries.of(node).iter().find(|e| e.network == name);
+        // Unchanged records keep their entry (nothing rebuilt, nothing written).
+        if previous.is_some() && before.get(node.as_str()) == Some(adm_state) {
+            continue;
+        }
         let entry = entry_for(&name, adm_state, previous, &stamp);
-        list.retain(|e| e.network != name);
-        list.push(entry);
-        list.sort_by(|a, b| a.network.cmp(&b.network));
+        entries.set(node, entry);
     }
-    Ok(wake_after(&adm.nodes, spec, now))
+    Ok(Pass::Wake(wake_after(&adm.nodes, spec, now)))
 }
 
-/// Admission for one network, from its reconcile. Returns when the
-/// network should be looked at again.
+/// Admission from a network's reconcile: one pass over every network
+/// (this one first), so a node's entries are written once per pass, not
+/// once per network (at rollout: one write per node instead of ten).
+/// Returns when this network should be looked at again; the others are
+/// woken by their own entries changing (see `wake`).
 pub(crate) async fn reconcile_network(
     ctx: &Context,
     net: &RdmaNetwork,
@@ -372,22 +394,40 @@ pub(crate) async fn reconcile_network(
     let _one_at_a_time = settings.lock.lock().await;
     let now = (settings.clock)();
     let name = net.name_any();
-    let world = list_world(ctx, &format!("{ADMISSION_NETWORK_LABEL}={name}")).await?;
-    let mut entries = current_entries(&world);
-    let spec = AdmissionSpec::of(net.spec.admission.as_ref());
+    let world = list_world(ctx).await?;
+    let mut entries = Entries::new(&world);
+    let others = ctx.stores.networks();
+    let order =
+        std::iter::once(net).chain(others.iter().map(|n| &**n).filter(|n| n.name_any() != name));
     let mut wake = IDLE;
-    if !plan.invalid.contains_key(&name) && net.meta().deletion_timestamp.is_none() {
-        match spec.validate() {
-            Ok(()) => {
-                wake = run_network(ctx, net, &spec, plan, &world, &mut entries, now).await?;
+    let mut first_error = None;
+    for n in order {
+        let this = n.name_any();
+        let own = this == name;
+        if plan.invalid.contains_key(&this) || n.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        let spec = AdmissionSpec::of(n.spec.admission.as_ref());
+        let pass = match spec.validate() {
+            Ok(()) => run_network(ctx, n, &spec, plan, &world, &mut entries, now).await,
+            Err(errors) => Ok(Pass::Invalid(errors.join("; "))),
+        };
+        match pass {
+            Ok(Pass::Wake(w)) if own => wake = w,
+            Ok(Pass::Invalid(why)) if own => {
+                network_event(ctx, net, "InvalidAdmission", why).await;
             }
-            Err(errors) => {
-                network_event(ctx, net, "InvalidAdmission", errors.join("; ")).await;
-            }
+            Ok(_) => {}
+            // Another network's trouble is its own reconcile's to report.
+            Err(e) if own => first_error = Some(e),
+            Err(e) => tracing::debug!(network = %this, error = %e, "admission pass"),
         }
     }
     persist_and_mark(ctx, plan, &world, entries).await?;
-    Ok(wake)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(wake),
+    }
 }
 
 /// A network is going: its test pods and test attachment definition, its
@@ -402,9 +442,14 @@ pub(crate) async fn cleanup_network(
     let settings = ctx.admission.clone();
     let _one_at_a_time = settings.lock.lock().await;
     let name = net.name_any();
-    let world = list_world(ctx, &format!("{ADMISSION_NETWORK_LABEL}={name}")).await?;
+    let world = list_world(ctx).await?;
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &settings.test_namespace);
-    let names: Vec<String> = world.pods.iter().map(|p| p.name_any()).collect();
+    let names: Vec<String> = world
+        .pods
+        .iter()
+        .filter(|p| label(p, ADMISSION_NETWORK_LABEL) == Some(name.as_str()))
+        .map(|p| p.name_any())
+        .collect();
     let mut errors = delete_pods(&pods_api, names.iter().map(String::as_str)).await;
     let nads: Api<NetworkAttachmentDefinition> =
         Api::namespaced(ctx.client.clone(), &settings.test_namespace);
@@ -420,10 +465,8 @@ pub(crate) async fn cleanup_network(
             super::api_error_text(&e)
         )),
     }
-    let mut entries = current_entries(&world);
-    for list in entries.values_mut() {
-        list.retain(|e| e.network != name);
-    }
+    let mut entries = Entries::new(&world);
+    entries.remove_network(&name);
     if let Err(e) = persist_and_mark(ctx, plan, &world, entries).await {
         errors.push(e.to_string());
     }

@@ -5,16 +5,18 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kroce_operator::crd::{AdmissionGate, AdmissionSpec, RdmaNodeState};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What one admission pass lists, inside the lock.
 pub(crate) struct World {
-    pub(crate) nodes: Vec<Node>,
-    pub(crate) states: BTreeMap<String, RdmaNodeState>,
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) states: BTreeMap<String, Arc<RdmaNodeState>>,
     pub(crate) gates: BTreeMap<String, AdmissionGate>,
-    pub(crate) pods: Vec<Pod>,
+    pub(crate) pods: Vec<Arc<Pod>>,
 }
 
-pub(crate) async fn list_world(ctx: &Context, pod_selector: &str) -> Result<World, Error> {
+/// Every test pod of every network: a pass covers them all.
+pub(crate) async fn list_world(ctx: &Context) -> Result<World, Error> {
     let st = &ctx.stores;
     let gates = st
         .networks
@@ -31,6 +33,6 @@ pub(crate) async fn list_world(ctx: &Context, pod_selector: &str) -> Result<Worl
         nodes: st.nodes(),
         states: st.states_by_name(),
         gates,
-        pods: st.test_pods(pod_selector),
+        pods: st.test_pods(""),
     })
 }

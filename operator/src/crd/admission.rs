@@ -331,8 +331,20 @@ pub struct NetworkAdmission {
     pub conditions: Vec<Condition>,
     /// The admission state machine's own record (kroce-admission's
     /// `NodeAdmission`), kept verbatim between reconciles.
+    // Typed, not a JSON tree: thousands of nodes x networks of these sit in
+    // the controller's store, and a tree costs several times the memory.
+    // One that cannot be read counts as a fresh record (the schema makes
+    // the field required).
     #[schemars(schema_with = "opaque_object")]
-    pub state: serde_json::Value,
+    #[serde(deserialize_with = "lenient_record")]
+    pub state: kroce_admission::lifecycle::NodeAdmission,
+}
+
+fn lenient_record<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<kroce_admission::lifecycle::NodeAdmission, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).unwrap_or_default())
 }
 
 fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
