@@ -9,12 +9,19 @@
 //! (`v1.DRAPlugin`), dials the endpoint and answers
 //! NotifyRegistrationStatus; a socket that goes away is deregistered.
 //! Prepare and unprepare go over the endpoint's unix socket.
+//!
+//! [`PluginRig`] is the node the plugin tests share: a fixture host, the
+//! plugin's options into a scratch dir, the claim store and the publisher.
 
 use crate::api::{self, dra, registration};
 use crate::claims::{ClaimError, ClaimRef, ClaimSource};
-use crate::config::ConfigSource;
-use crate::driver::PLUGINS_REGISTRY;
+use crate::config::{CONFIG_API_VERSION, CONFIG_KIND, ConfigSource};
+use crate::driver::{DRIVER_NAME, PLUGINS_REGISTRY};
+use crate::plugin::{Options, Plugin};
+use crate::prepare::{CdiDevice, Paths};
 use crate::publish::{Existing, PublishError, SlicePublisher, existing_of};
+use crate::sharing::SharingRules;
+use crate::slice::Sharing;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClaim,
     DeviceRequest, DeviceRequestAllocationResult, ExactDeviceRequest, OpaqueDeviceConfiguration,
@@ -23,6 +30,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kroce_device_plugin::uds::{self, FileId};
+use sriov_helpers::fixture::FixtureHost;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,6 +100,38 @@ pub struct ConfigEntry {
     pub requests: Vec<String>,
     pub driver: String,
     pub parameters: serde_json::Value,
+}
+
+/// An opaque config entry of this driver for every request: `fields` (a
+/// JSON object; anything else adds nothing) beside the config's apiVersion
+/// and kind.
+pub fn driver_config(source: ConfigSource, fields: serde_json::Value) -> ConfigEntry {
+    let mut parameters = serde_json::json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
+    if let (Some(p), serde_json::Value::Object(f)) = (parameters.as_object_mut(), fields) {
+        p.extend(f);
+    }
+    ConfigEntry {
+        source,
+        requests: vec![],
+        driver: DRIVER_NAME.into(),
+        parameters,
+    }
+}
+
+/// The container paths of a CDI device's nodes, and whether they hold what
+/// every RDMA claim needs: a uverbs device and rdma_cm.
+pub fn rdma_device_nodes(d: &CdiDevice) -> (Vec<&str>, bool) {
+    let nodes: Vec<&str> = d
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    let ok = nodes
+        .iter()
+        .any(|n| n.starts_with("/dev/infiniband/uverbs"))
+        && nodes.contains(&"/dev/infiniband/rdma_cm");
+    (nodes, ok)
 }
 
 /// A ResourceClaim after scheduling: `spec.devices.requests` naming class
@@ -367,6 +407,23 @@ impl KubeletDraStandIn {
             .map_err(|s| s.to_string())
     }
 
+    /// [`Self::prepare`] of one claim for kroce's driver.
+    pub async fn prepare_claim(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<dra::NodePrepareResourcesResponse, String> {
+        self.prepare(DRIVER_NAME, std::slice::from_ref(claim)).await
+    }
+
+    /// [`Self::unprepare`] of one claim for kroce's driver.
+    pub async fn unprepare_claim(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<dra::NodeUnprepareResourcesResponse, String> {
+        self.unprepare(DRIVER_NAME, std::slice::from_ref(claim))
+            .await
+    }
+
     /// NodeUnprepareResources, as the kubelet calls it after a pod is gone.
     pub async fn unprepare(
         &self,
@@ -506,6 +563,136 @@ async fn register(path: &Path, id: FileId, state: &Arc<Mutex<State>>) -> Option<
         id,
         channel: service,
     })
+}
+
+/// The node a plugin test runs on, in a [`scratch_dir`]: a ConnectX-6 Dx
+/// pair ([`FixtureHost::populate_connectx6dx_pair`]) under `host/`, and
+/// [`Options`] for node `node` with the kubelet dir, the state dir and the
+/// CDI, device-info and memlock outputs under the same dir (no
+/// network-attach requests: set `opts.paths.network_dir` for those),
+/// rescanning every 100 ms. The claim store and the publisher start empty.
+#[derive(Debug)]
+pub struct PluginRig {
+    pub root: PathBuf,
+    pub fx: FixtureHost,
+    pub opts: Options,
+    pub claims: Arc<InMemoryClaims>,
+    pub publisher: Arc<RecordingPublisher>,
+    _dir: tempfile::TempDir,
+}
+
+impl PluginRig {
+    pub fn new(node: &str) -> std::io::Result<PluginRig> {
+        let dir = scratch_dir("kroce-dra-")?;
+        let root = dir.path().to_path_buf();
+        let mut fx = FixtureHost::at(&root.join("host"))?;
+        fx.populate_connectx6dx_pair()?;
+        let opts = Options {
+            node: node.into(),
+            kubelet_dir: root.join("kubelet"),
+            host_root: fx.root(),
+            paths: Paths {
+                cdi_dir: root.join("cdi"),
+                devinfo_dir: root.join("devinfo"),
+                memlock_dir: Some(root.join("memlock")),
+                network_dir: None,
+            },
+            state_dir: root.join("state"),
+            rescan: Duration::from_millis(100),
+        };
+        Ok(PluginRig {
+            root,
+            fx,
+            opts,
+            claims: Arc::default(),
+            publisher: Arc::default(),
+            _dir: dir,
+        })
+    }
+
+    /// The plugin over the rig, no shared HCAs.
+    pub async fn plugin(&self) -> Result<Plugin, String> {
+        self.plugin_with(Arc::new(Sharing::default())).await
+    }
+
+    /// The plugin over the rig, sharing HCAs as `sharing` says.
+    pub async fn plugin_with(&self, sharing: Arc<dyn SharingRules>) -> Result<Plugin, String> {
+        Plugin::start_with(
+            self.opts.clone(),
+            sharing,
+            self.claims.clone(),
+            self.publisher.clone(),
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    /// The kubelet stand-in and the plugin ([`Self::plugin_with`]), once
+    /// the stand-in has registered the plugin.
+    pub async fn registered_with(
+        &self,
+        sharing: Arc<dyn SharingRules>,
+    ) -> Result<(KubeletDraStandIn, Plugin), String> {
+        let kubelet = KubeletDraStandIn::start(&self.opts.kubelet_dir).map_err(|e| {
+            format!(
+                "kubelet stand-in at {}: {e}",
+                self.opts.kubelet_dir.display()
+            )
+        })?;
+        let plugin = self.plugin_with(sharing).await?;
+        kubelet.wait_registered(DRIVER_NAME, 1).await?;
+        Ok((kubelet, plugin))
+    }
+
+    /// [`Self::registered_with`] no shared HCAs.
+    pub async fn registered(&self) -> Result<(KubeletDraStandIn, Plugin), String> {
+        self.registered_with(Arc::new(Sharing::default())).await
+    }
+
+    /// Claim `default/<name>` allocated `devices` (`(request, device)`) of
+    /// this node's pool with `configs`, in the claim store.
+    pub fn claim(
+        &self,
+        name: &str,
+        uid: &str,
+        devices: &[(&str, &str)],
+        configs: &[ConfigEntry],
+    ) -> ClaimRef {
+        self.claim_edited(name, uid, devices, configs, |_| {})
+    }
+
+    /// [`Self::claim`] changed by `edit` before it is stored.
+    pub fn claim_edited(
+        &self,
+        name: &str,
+        uid: &str,
+        devices: &[(&str, &str)],
+        configs: &[ConfigEntry],
+        edit: impl FnOnce(&mut ResourceClaim),
+    ) -> ClaimRef {
+        let c = ClaimRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        let mut rc = allocated_claim(&c, DRIVER_NAME, &self.opts.node, devices, configs);
+        edit(&mut rc);
+        self.claims.insert(rc);
+        c
+    }
+
+    /// Every file in the rig's subdirs `dirs` (e.g. `["cdi", "devinfo"]`),
+    /// sorted; a missing dir has none.
+    pub fn files(&self, dirs: &[&str]) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for d in dirs {
+            if let Ok(rd) = std::fs::read_dir(self.root.join(d)) {
+                out.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+        out.sort();
+        out
+    }
 }
 
 /// A temp dir on tmpfs when there is one (fixture hosts are many small files).

@@ -3,61 +3,16 @@
 //! body) and how they read the answers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use http::{Request, Response};
+mod common;
+
+use common::mock;
 use k8s_openapi::api::resource::v1::Device;
 use kroce_dra::claims::{ClaimError, ClaimRef, ClaimSource, KubeClaims};
 use kroce_dra::driver::DRIVER_NAME;
 use kroce_dra::publish::{KubePublisher, SlicePublisher};
 use kroce_dra::slice::{self, NODE_LABEL};
 use kroce_dra::testing::allocated_claim;
-use kube::client::Body;
 use serde_json::{Value, json};
-use std::sync::{Arc, Mutex};
-
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Value,
-}
-
-type Answer = Box<dyn Fn(&Seen) -> (u16, Value) + Send + Sync>;
-
-/// A client whose every request is recorded and answered by `answer`.
-fn mock(answer: Answer) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.unwrap_or_default();
-            let s = Seen {
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_string(),
-                query: parts.uri.query().unwrap_or("").to_string(),
-                content_type: parts
-                    .headers
-                    .get("content-type")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string(),
-                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            };
-            let (code, v) = answer(&s);
-            log.lock().unwrap().push(s);
-            let resp = Response::builder()
-                .status(code)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&v).unwrap()))
-                .unwrap();
-            send.send_response(resp);
-        }
-    });
-    (kube::Client::new(svc, "default"), seen)
-}
 
 fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})

@@ -5,111 +5,41 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kroce_dra::claims::ClaimRef;
-use kroce_dra::config::{CONFIG_API_VERSION, CONFIG_KIND, ConfigSource};
+use kroce_dra::config::ConfigSource;
 use kroce_dra::driver::{self, DRIVER_NAME};
-use kroce_dra::plugin::{Options, Plugin};
-use kroce_dra::prepare::{CdiSpec, Paths};
+use kroce_dra::plugin::Plugin;
+use kroce_dra::prepare::CdiSpec;
 use kroce_dra::testing::{
-    ConfigEntry, InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim,
-    scratch_dir,
+    ConfigEntry, KubeletDraStandIn, PluginRig, RecordingPublisher, allocated_claim, driver_config,
+    rdma_device_nodes,
 };
 use serde_json::json;
-use sriov_helpers::fixture::FixtureHost;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 const NODE: &str = "node-a";
 
-struct Rig {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    _fx: FixtureHost,
-    opts: Options,
-    claims: Arc<InMemoryClaims>,
-    publisher: Arc<RecordingPublisher>,
+/// Every file under the output dirs (CDI, devinfo, memlock).
+fn outputs(rig: &PluginRig) -> Vec<PathBuf> {
+    rig.files(&["cdi", "devinfo", "memlock"])
 }
 
-impl Rig {
-    fn new() -> Rig {
-        let dir = scratch_dir("kroce-dra-").unwrap();
-        let root = dir.path().to_path_buf();
-        let mut fx = FixtureHost::at(&root.join("host")).unwrap();
-        fx.populate_connectx6dx_pair().unwrap();
-        let opts = Options {
-            node: NODE.into(),
-            kubelet_dir: root.join("kubelet"),
-            host_root: fx.root(),
-            paths: Paths {
-                cdi_dir: root.join("cdi"),
-                devinfo_dir: root.join("devinfo"),
-                memlock_dir: Some(root.join("memlock")),
-                network_dir: None,
-            },
-            state_dir: root.join("state"),
-            rescan: Duration::from_millis(100),
-        };
-        Rig {
-            _dir: dir,
-            root,
-            _fx: fx,
-            opts,
-            claims: Arc::default(),
-            publisher: Arc::default(),
-        }
-    }
-
-    async fn plugin(&self) -> Plugin {
-        Plugin::start(
-            self.opts.clone(),
-            self.claims.clone(),
-            self.publisher.clone(),
-        )
-        .await
-        .unwrap()
-    }
-
-    fn claim(
-        &self,
-        name: &str,
-        uid: &str,
-        devices: &[(&str, &str)],
-        configs: &[ConfigEntry],
-    ) -> ClaimRef {
-        let c = ClaimRef {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: uid.into(),
-        };
-        self.claims
-            .insert(allocated_claim(&c, DRIVER_NAME, NODE, devices, configs));
-        c
-    }
-
-    /// Every file under the output dirs (CDI, devinfo, memlock).
-    fn outputs(&self) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        for d in ["cdi", "devinfo", "memlock"] {
-            if let Ok(rd) = std::fs::read_dir(self.root.join(d)) {
-                out.extend(rd.flatten().map(|e| e.path()));
-            }
-        }
-        out.sort();
-        out
-    }
+/// The rig, the kubelet stand-in and the plugin, registered.
+async fn started() -> (PluginRig, KubeletDraStandIn, Plugin) {
+    let rig = PluginRig::new(NODE).unwrap();
+    let (kubelet, plugin) = rig.registered().await.unwrap();
+    (rig, kubelet, plugin)
 }
 
-fn cfg(source: ConfigSource, extra: serde_json::Value) -> ConfigEntry {
-    let mut p = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
-    for (k, v) in extra.as_object().unwrap() {
-        p[k] = v.clone();
-    }
-    ConfigEntry {
-        source,
-        requests: vec![],
-        driver: DRIVER_NAME.into(),
-        parameters: p,
-    }
+/// Claim `default/<name>` allocated VF `device` for request `vf`.
+fn vf_claim(
+    rig: &PluginRig,
+    name: &str,
+    uid: &str,
+    device: &str,
+    configs: &[ConfigEntry],
+) -> ClaimRef {
+    rig.claim(name, uid, &[("vf", device)], configs)
 }
 
 async fn registered(kubelet: &KubeletDraStandIn, n: usize) {
@@ -118,9 +48,9 @@ async fn registered(kubelet: &KubeletDraStandIn, n: usize) {
 
 #[tokio::test]
 async fn registers_through_plugins_registry_like_the_kubelet() {
-    let rig = Rig::new();
+    let rig = PluginRig::new(NODE).unwrap();
     let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
+    let plugin = rig.plugin().await.unwrap();
     let r = kubelet.wait_registered(DRIVER_NAME, 1).await.unwrap();
     assert_eq!(r.socket, driver::registration_socket(&rig.opts.kubelet_dir));
     assert_eq!(r.info.r#type, "DRAPlugin");
@@ -155,24 +85,19 @@ async fn registers_through_plugins_registry_like_the_kubelet() {
 
 #[tokio::test]
 async fn prepare_and_unprepare_are_idempotent() {
-    let rig = Rig::new();
-    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (rig, kubelet, plugin) = started().await;
     let uid = "6c1d3e0a-0000-4000-8000-000000000001";
-    let claim = rig.claim(
+    let claim = vf_claim(
+        &rig,
         "rdma",
         uid,
-        &[("vf", "vf-0000-3b-00-2")],
-        &[cfg(
+        "vf-0000-3b-00-2",
+        &[driver_config(
             ConfigSource::FromClass,
             json!({"memlock": "1Gi", "mtu": 9000}),
         )],
     );
-    let resp = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let resp = kubelet.prepare_claim(&claim).await.unwrap();
     let one = &resp.claims[uid];
     assert_eq!(one.error, "");
     assert_eq!(one.devices.len(), 1);
@@ -197,19 +122,8 @@ async fn prepare_and_unprepare_are_idempotent() {
     assert_eq!(spec.kind, "rdma.kroce.io/claim");
     assert_eq!(spec.devices.len(), 1);
     assert_eq!(spec.devices[0].name, format!("{uid}-vf-0000-3b-00-2"));
-    let nodes: Vec<&str> = spec.devices[0]
-        .container_edits
-        .device_nodes
-        .iter()
-        .map(|n| n.path.as_str())
-        .collect();
-    assert!(
-        nodes
-            .iter()
-            .any(|n| n.starts_with("/dev/infiniband/uverbs")),
-        "{nodes:?}"
-    );
-    assert!(nodes.contains(&"/dev/infiniband/rdma_cm"), "{nodes:?}");
+    let (nodes, rdma) = rdma_device_nodes(&spec.devices[0]);
+    assert!(rdma, "uverbs and rdma_cm: {nodes:?}");
     let env = &spec.devices[0].container_edits.env;
     assert!(
         env.contains(&"KROCE_DRA_VF_0000_3B_00_2_PCI_ADDRESS=0000:3b:00.2".to_string()),
@@ -272,29 +186,20 @@ async fn prepare_and_unprepare_are_idempotent() {
     );
     let d = nri.decide(&container, None);
     assert_eq!(d.limit(), Some(kroce_nri::Memlock::Bytes(1 << 30)), "{d:?}");
-    let files = rig.outputs();
+    let files = outputs(&rig);
     assert_eq!(files.len(), 3, "{files:?}");
 
     // Again: same answer, no second GET, nothing new on disk.
     let gets = rig.claims.gets();
-    let again = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let again = kubelet.prepare_claim(&claim).await.unwrap();
     assert_eq!(again.claims[uid], *one);
     assert_eq!(rig.claims.gets(), gets);
-    assert_eq!(rig.outputs(), files);
+    assert_eq!(outputs(&rig), files);
 
-    let un = kubelet
-        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let un = kubelet.unprepare_claim(&claim).await.unwrap();
     assert_eq!(un.claims[uid].error, "");
-    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
-    let un = kubelet
-        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    assert!(outputs(&rig).is_empty(), "{:?}", outputs(&rig));
+    let un = kubelet.unprepare_claim(&claim).await.unwrap();
     assert_eq!(
         un.claims[uid].error, "",
         "unprepare of a gone claim is fine"
@@ -304,10 +209,7 @@ async fn prepare_and_unprepare_are_idempotent() {
 
 #[tokio::test]
 async fn restart_keeps_prepared_claims_from_the_checkpoint() {
-    let rig = Rig::new();
-    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (rig, kubelet, plugin) = started().await;
     let uid = "6c1d3e0a-0000-4000-8000-000000000002";
     let claim = rig.claim(
         "two",
@@ -315,22 +217,16 @@ async fn restart_keeps_prepared_claims_from_the_checkpoint() {
         &[("a", "vf-0000-3b-00-3"), ("b", "vf-0000-86-00-2")],
         &[],
     );
-    let first = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let first = kubelet.prepare_claim(&claim).await.unwrap();
     assert_eq!(first.claims[uid].error, "");
     assert_eq!(first.claims[uid].devices.len(), 2);
     plugin.stop().await;
     // The claim is gone from the API server: only the checkpoint knows it.
     rig.claims.remove("default", "two");
-    let plugin = rig.plugin().await;
+    let plugin = rig.plugin().await.unwrap();
     registered(&kubelet, 2).await;
     assert_eq!(plugin.state.prepared_claims().await, [uid]);
-    let again = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let again = kubelet.prepare_claim(&claim).await.unwrap();
     assert_eq!(again.claims[uid], first.claims[uid]);
     // Another claim for a device the checkpoint holds is refused.
     let other = rig.claim(
@@ -339,32 +235,23 @@ async fn restart_keeps_prepared_claims_from_the_checkpoint() {
         &[("a", "vf-0000-3b-00-3")],
         &[],
     );
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&other))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&other).await.unwrap();
     assert!(
         r.claims[&other.uid].error.contains(&format!(
             "device vf-0000-3b-00-3 is already prepared for claim {uid}"
         )),
         "{r:?}"
     );
-    let un = kubelet
-        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let un = kubelet.unprepare_claim(&claim).await.unwrap();
     assert_eq!(un.claims[uid].error, "");
-    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    assert!(outputs(&rig).is_empty(), "{:?}", outputs(&rig));
     assert!(plugin.state.prepared_claims().await.is_empty());
     plugin.stop().await;
 }
 
 #[tokio::test]
 async fn re_registers_after_kubelet_restart_and_wiped_registry() {
-    let rig = Rig::new();
-    let mut kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (rig, mut kubelet, plugin) = started().await;
     // A kubelet restart re-reads the registry dir: GetInfo again.
     kubelet.restart();
     registered(&kubelet, 2).await;
@@ -381,32 +268,28 @@ async fn re_registers_after_kubelet_restart_and_wiped_registry() {
     registered(&kubelet, 3).await;
     assert!(reg.exists());
     // Prepare works over the re-registered endpoint.
-    let claim = rig.claim(
+    let claim = vf_claim(
+        &rig,
         "x",
         "6c1d3e0a-0000-4000-8000-000000000004",
-        &[("vf", "vf-0000-3b-00-4")],
+        "vf-0000-3b-00-4",
         &[],
     );
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
     assert_eq!(r.claims[&claim.uid].error, "");
     plugin.stop().await;
 }
 
 #[tokio::test]
 async fn a_fault_in_the_middle_of_prepare_leaves_nothing_behind() {
-    let rig = Rig::new();
-    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (rig, kubelet, plugin) = started().await;
     let uid = "6c1d3e0a-0000-4000-8000-000000000005";
-    let claim = rig.claim(
+    let claim = vf_claim(
+        &rig,
         "f",
         uid,
-        &[("vf", "vf-0000-3b-00-5")],
-        &[cfg(
+        "vf-0000-3b-00-5",
+        &[driver_config(
             ConfigSource::FromClaim,
             json!({"memlock": "unlimited"}),
         )],
@@ -414,75 +297,62 @@ async fn a_fault_in_the_middle_of_prepare_leaves_nothing_behind() {
     // 1. The devinfo dir cannot be created (a file is in the way): the CDI
     //    spec, written first, must go again.
     std::fs::write(&rig.opts.paths.devinfo_dir, b"").unwrap();
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
     let e = &r.claims[uid].error;
     assert!(
         e.contains(&rig.opts.paths.devinfo_dir.display().to_string()),
         "{e}"
     );
     assert!(e.contains("nothing was left behind"), "{e}");
-    assert_eq!(rig.outputs(), Vec::<PathBuf>::new());
+    assert_eq!(outputs(&rig), Vec::<PathBuf>::new());
     std::fs::remove_file(&rig.opts.paths.devinfo_dir).unwrap();
     // 2. The memlock dir (written last) fails: CDI and devinfo go again.
     let ml = rig.opts.paths.memlock_dir.clone().unwrap();
     std::fs::write(&ml, b"").unwrap();
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
     assert!(
         r.claims[uid].error.contains(&ml.display().to_string()),
         "{r:?}"
     );
     std::fs::remove_file(&ml).unwrap();
-    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    assert!(outputs(&rig).is_empty(), "{:?}", outputs(&rig));
     // 3. The checkpoint cannot be saved: every file goes again.
     let cp = rig.opts.state_dir.join("checkpoint.json");
     std::fs::create_dir_all(cp.join("in-the-way")).unwrap();
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
     assert!(
         r.claims[uid].error.contains("prepared files removed again"),
         "{r:?}"
     );
-    assert!(rig.outputs().is_empty(), "{:?}", rig.outputs());
+    assert!(outputs(&rig).is_empty(), "{:?}", outputs(&rig));
     assert!(plugin.state.prepared_claims().await.is_empty());
     std::fs::remove_dir_all(&cp).unwrap();
     // Fault gone: the kubelet's retry works.
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
     assert_eq!(r.claims[uid].error, "");
-    assert_eq!(rig.outputs().len(), 3);
+    assert_eq!(outputs(&rig).len(), 3);
     plugin.stop().await;
 }
 
 #[tokio::test]
 async fn bad_claim_config_fails_prepare_and_changes_nothing() {
-    let rig = Rig::new();
-    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (rig, kubelet, plugin) = started().await;
     let uid = "6c1d3e0a-0000-4000-8000-000000000006";
-    let claim = rig.claim(
+    let claim = vf_claim(
+        &rig,
         "bad",
         uid,
-        &[("vf", "vf-0000-3b-00-6")],
+        "vf-0000-3b-00-6",
         &[
-            cfg(ConfigSource::FromClass, json!({"mtu": 9000})),
-            cfg(ConfigSource::FromClaim, json!({"vlan": 5000})),
+            driver_config(ConfigSource::FromClass, json!({"mtu": 9000})),
+            driver_config(ConfigSource::FromClaim, json!({"vlan": 5000})),
         ],
     );
-    let good = rig.claim(
+    let good = vf_claim(
+        &rig,
         "good",
         "6c1d3e0a-0000-4000-8000-000000000007",
-        &[("vf", "vf-0000-3b-00-7")],
+        "vf-0000-3b-00-7",
         &[],
     );
     let r = kubelet
@@ -498,11 +368,11 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
     // The other claim of the same call is prepared.
     assert_eq!(r.claims[&good.uid].error, "");
     assert!(
-        rig.outputs()
+        outputs(&rig)
             .iter()
             .all(|p| !p.display().to_string().contains(uid)),
         "{:?}",
-        rig.outputs()
+        outputs(&rig)
     );
     assert_eq!(
         plugin.state.prepared_claims().await,
@@ -510,18 +380,16 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
     );
     // A bad entry of this driver fails the claim even when it names only a
     // request that got no device of ours: a typo is never silently ignored.
-    let mut only_gpu = cfg(ConfigSource::FromClaim, json!({"mtu": 20}));
+    let mut only_gpu = driver_config(ConfigSource::FromClaim, json!({"mtu": 20}));
     only_gpu.requests = vec!["gpu".into()];
-    let typo = rig.claim(
+    let typo = vf_claim(
+        &rig,
         "typo",
         "6c1d3e0a-0000-4000-8000-00000000000b",
-        &[("vf", "vf-0000-3b-01-0")],
+        "vf-0000-3b-01-0",
         &[only_gpu],
     );
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&typo))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&typo).await.unwrap();
     assert!(
         r.claims[&typo.uid]
             .error
@@ -541,26 +409,21 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
         &[("vf", "vf-0000-3b-00-2")],
         &[],
     ));
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&wrong))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&wrong).await.unwrap();
     assert!(
         r.claims[&wrong.uid]
             .error
             .contains("is in pool node-b, not this node's pool node-a"),
         "{r:?}"
     );
-    let unknown = rig.claim(
+    let unknown = vf_claim(
+        &rig,
         "u",
         "6c1d3e0a-0000-4000-8000-000000000009",
-        &[("vf", "vf-0000-99-00-2")],
+        "vf-0000-99-00-2",
         &[],
     );
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&unknown))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&unknown).await.unwrap();
     assert!(
         r.claims[&unknown.uid]
             .error
@@ -572,10 +435,7 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
         name: "e".into(),
         uid: "../../etc".into(),
     };
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&evil))
-        .await
-        .unwrap();
+    let r = kubelet.prepare_claim(&evil).await.unwrap();
     assert!(
         r.claims["../../etc"]
             .error
@@ -587,16 +447,10 @@ async fn bad_claim_config_fails_prepare_and_changes_nothing() {
 
 #[tokio::test]
 async fn unprepare_removes_what_it_can_and_keeps_the_claim_until_all_is_gone() {
-    let rig = Rig::new();
-    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (rig, kubelet, plugin) = started().await;
     let uid = "6c1d3e0a-0000-4000-8000-00000000000a";
-    let claim = rig.claim("k", uid, &[("vf", "vf-0000-86-00-3")], &[]);
-    let r = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let claim = vf_claim(&rig, "k", uid, "vf-0000-86-00-3", &[]);
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
     assert_eq!(r.claims[uid].error, "");
     // The device-info file replaced by a non-empty directory: not removable.
     let di = rig
@@ -606,20 +460,14 @@ async fn unprepare_removes_what_it_can_and_keeps_the_claim_until_all_is_gone() {
         .join(format!("rdma.kroce.io-{uid}-vf-0000-86-00-3-device.json"));
     std::fs::remove_file(&di).unwrap();
     std::fs::create_dir_all(di.join("x")).unwrap();
-    let r = kubelet
-        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.unprepare_claim(&claim).await.unwrap();
     let e = &r.claims[uid].error;
     assert!(e.contains(&di.display().to_string()), "{e}");
     // The CDI spec went anyway; the claim stays for the kubelet's retry.
-    assert_eq!(rig.outputs(), std::slice::from_ref(&di));
+    assert_eq!(outputs(&rig), std::slice::from_ref(&di));
     assert_eq!(plugin.state.prepared_claims().await, [uid]);
     std::fs::remove_dir_all(&di).unwrap();
-    let r = kubelet
-        .unprepare(DRIVER_NAME, std::slice::from_ref(&claim))
-        .await
-        .unwrap();
+    let r = kubelet.unprepare_claim(&claim).await.unwrap();
     assert_eq!(r.claims[uid].error, "", "files already gone are no error");
     assert!(plugin.state.prepared_claims().await.is_empty());
     plugin.stop().await;
@@ -627,10 +475,7 @@ async fn unprepare_removes_what_it_can_and_keeps_the_claim_until_all_is_gone() {
 
 #[tokio::test]
 async fn slices_follow_the_host_and_are_written_only_on_change() {
-    let mut rig = Rig::new();
-    let kubelet = KubeletDraStandIn::start(&rig.opts.kubelet_dir).unwrap();
-    let plugin = rig.plugin().await;
-    registered(&kubelet, 1).await;
+    let (mut rig, kubelet, plugin) = started().await;
     wait_writes(&kubelet, &rig.publisher, 1).await;
     // Several rescans of an unchanged host: no write.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -638,7 +483,7 @@ async fn slices_follow_the_host_and_are_written_only_on_change() {
     assert_eq!(rig.publisher.slices(NODE)[0].spec.pool.generation, 1);
     // A VF goes: the next rescan publishes generation 2 without it.
     let pf = sriov_helpers::PciAddress::new(0, 0x86, 0, 0);
-    rig._fx.set_num_vfs(&pf, 6).unwrap();
+    rig.fx.set_num_vfs(&pf, 6).unwrap();
     wait_writes(&kubelet, &rig.publisher, 2).await;
     let s = rig.publisher.slices(NODE);
     assert_eq!(s[0].spec.pool.generation, 2);
@@ -654,7 +499,7 @@ async fn slices_follow_the_host_and_are_written_only_on_change() {
     assert!(!names.iter().any(|n| n == "vf-0000-86-01-0"), "{names:?}");
     // The API server fails: retried at a new generation once it is back.
     rig.publisher.set_failing(true);
-    rig._fx.set_operstate("ens1f0v0", "down").unwrap();
+    rig.fx.set_operstate("ens1f0v0", "down").unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(rig.publisher.writes(), 2);
     rig.publisher.set_failing(false);
@@ -676,7 +521,7 @@ async fn slices_follow_the_host_and_are_written_only_on_change() {
     plugin.stop().await;
     // A restarted plugin finds its slices unchanged: no write.
     let before = rig.publisher.writes();
-    let plugin = rig.plugin().await;
+    let plugin = rig.plugin().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(rig.publisher.writes(), before);
     plugin.stop().await;
@@ -695,18 +540,20 @@ async fn wait_writes(kubelet: &KubeletDraStandIn, p: &RecordingPublisher, n: u64
 
 #[tokio::test]
 async fn concurrent_prepares_never_share_a_device_and_a_slow_api_blocks_no_unprepare() {
-    let rig = Rig::new();
-    let plugin = rig.plugin().await;
-    let a = rig.claim(
+    let rig = PluginRig::new(NODE).unwrap();
+    let plugin = rig.plugin().await.unwrap();
+    let a = vf_claim(
+        &rig,
         "a",
         "6c1d3e0a-0000-4000-8000-0000000000c1",
-        &[("vf", "vf-0000-3b-00-2")],
+        "vf-0000-3b-00-2",
         &[],
     );
-    let b = rig.claim(
+    let b = vf_claim(
+        &rig,
         "b",
         "6c1d3e0a-0000-4000-8000-0000000000c2",
-        &[("vf", "vf-0000-3b-00-2")],
+        "vf-0000-3b-00-2",
         &[],
     );
     let s = &plugin.state;
@@ -729,10 +576,11 @@ async fn concurrent_prepares_never_share_a_device_and_a_slow_api_blocks_no_unpre
     );
     // A slow API server: an unprepare runs while a prepare waits on its GET.
     let prepared = s.prepared_claims().await;
-    let c = rig.claim(
+    let c = vf_claim(
+        &rig,
         "c",
         "6c1d3e0a-0000-4000-8000-0000000000c3",
-        &[("vf", "vf-0000-3b-00-3")],
+        "vf-0000-3b-00-3",
         &[],
     );
     rig.claims.set_delay(Duration::from_secs(2));

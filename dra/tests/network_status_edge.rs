@@ -4,60 +4,26 @@
 //! that an API error comes back as an error naming the claim.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use http::{Request, Response};
+mod common;
+
+use common::Seen;
 use kroce_contracts::network_attach::{AttachResult, DeviceNetwork};
 use kroce_dra::network::{ClaimStatusWriter, KubeClaimStatus, status_apply_body};
-use kube::client::Body;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::{Arc, Mutex};
 
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Value,
-}
-
-/// A client whose requests are recorded and answered with `code`.
+/// A client whose requests are recorded and answered with `code`: the
+/// applied body itself when 200, else a Status naming a uid mismatch.
 fn mock(code: u16) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            log.lock().unwrap().push(Seen {
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_string(),
-                query: parts.uri.query().unwrap_or("").to_string(),
-                content_type: parts
-                    .headers
-                    .get("content-type")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string(),
-                body: body.clone(),
-            });
-            let answer = if code == 200 {
-                body
-            } else {
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "reason": "Conflict", "code": code, "message": "uid mismatch"})
-            };
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                    .unwrap(),
-            );
-        }
-    });
-    (kube::Client::new(svc, "default"), seen)
+    common::mock(Box::new(move |s| {
+        let answer = if code == 200 {
+            s.body.clone()
+        } else {
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": code, "message": "uid mismatch"})
+        };
+        (code, answer)
+    }))
 }
 
 fn result() -> AttachResult {

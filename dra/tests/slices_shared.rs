@@ -6,17 +6,14 @@
 use k8s_openapi::api::resource::v1::Device;
 use kroce_device_plugin::config::{Format, parse};
 use kroce_device_plugin::inventory::Memory;
-use kroce_dra::claims::ClaimRef;
-use kroce_dra::config::{CONFIG_API_VERSION, CONFIG_KIND, ConfigSource};
+use kroce_dra::config::ConfigSource;
 use kroce_dra::driver::DRIVER_NAME;
 use kroce_dra::facts::HostFacts;
-use kroce_dra::plugin::{Options, Plugin};
-use kroce_dra::prepare::{CdiSpec, Paths};
+use kroce_dra::prepare::CdiSpec;
 use kroce_dra::sharing::{FileRules, Layered, SharingRules};
 use kroce_dra::slice::{self, Published, SHARED_ATTRIBUTE, Sharing};
 use kroce_dra::testing::{
-    ConfigEntry, InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim,
-    scratch_dir,
+    ConfigEntry, PluginRig, RecordingPublisher, driver_config, rdma_device_nodes, scratch_dir,
 };
 use serde_json::json;
 use sriov_helpers::PciAddress;
@@ -231,39 +228,8 @@ fn file_rules_reload_and_keep_the_last_good_rules() {
     );
 }
 
-fn cfg(extra: serde_json::Value) -> ConfigEntry {
-    let mut p = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
-    for (k, v) in extra.as_object().unwrap() {
-        p[k] = v.clone();
-    }
-    ConfigEntry {
-        source: ConfigSource::FromClaim,
-        requests: vec![],
-        driver: DRIVER_NAME.into(),
-        parameters: p,
-    }
-}
-
-fn claim(
-    claims: &InMemoryClaims,
-    name: &str,
-    uid: &str,
-    device: &str,
-    configs: &[ConfigEntry],
-) -> ClaimRef {
-    let c = ClaimRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: uid.into(),
-    };
-    claims.insert(allocated_claim(
-        &c,
-        DRIVER_NAME,
-        NODE,
-        &[("hca", device)],
-        configs,
-    ));
-    c
+fn cfg(fields: serde_json::Value) -> ConfigEntry {
+    driver_config(ConfigSource::FromClaim, fields)
 }
 
 /// The plugin started with the device plugin's config file: slots are
@@ -272,38 +238,14 @@ fn claim(
 /// config edit is picked up by the next rescan.
 #[tokio::test]
 async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
-    let dir = scratch_dir("kroce-dra-").unwrap();
-    let root = dir.path().to_path_buf();
-    let mut fx = FixtureHost::at(&root.join("host")).unwrap();
-    fx.populate_connectx6dx_pair().unwrap();
-    let config = root.join("dp-config.yaml");
+    let rig = PluginRig::new(NODE).unwrap();
+    let config = rig.root.join("dp-config.yaml");
     std::fs::write(&config, SHARED_PFS).unwrap();
-    let opts = Options {
-        node: NODE.into(),
-        kubelet_dir: root.join("kubelet"),
-        host_root: fx.root(),
-        paths: Paths {
-            cdi_dir: root.join("cdi"),
-            devinfo_dir: root.join("devinfo"),
-            memlock_dir: Some(root.join("memlock")),
-            network_dir: None,
-        },
-        state_dir: root.join("state"),
-        rescan: Duration::from_millis(100),
-    };
-    let claims = Arc::new(InMemoryClaims::default());
-    let publisher = Arc::new(RecordingPublisher::default());
-    let kubelet = KubeletDraStandIn::start(&opts.kubelet_dir).unwrap();
-    let plugin = Plugin::start_with(
-        opts.clone(),
-        Arc::new(FileRules::load(&config).unwrap()),
-        claims.clone(),
-        publisher.clone(),
-    )
-    .await
-    .unwrap();
-    kubelet.wait_registered(DRIVER_NAME, 1).await.unwrap();
-    let p = publisher.clone();
+    let (kubelet, plugin) = rig
+        .registered_with(Arc::new(FileRules::load(&config).unwrap()))
+        .await
+        .unwrap();
+    let p = rig.publisher.clone();
     let count = |p: &RecordingPublisher, prefix: &str| {
         p.slices(NODE)
             .iter()
@@ -317,20 +259,18 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
         })
         .await
         .unwrap();
-    assert_eq!(count(&publisher, "vf-"), 16);
+    assert_eq!(count(&rig.publisher, "vf-"), 16);
 
-    let a = claim(
-        &claims,
+    let a = rig.claim(
         "a",
         "00000000-0000-4000-8000-00000000000a",
-        "shared-0000-3b-00-0-0",
+        &[("hca", "shared-0000-3b-00-0-0")],
         &[cfg(json!({"memlock": "1Gi"}))],
     );
-    let b = claim(
-        &claims,
+    let b = rig.claim(
         "b",
         "00000000-0000-4000-8000-00000000000b",
-        "shared-0000-3b-00-0-1",
+        &[("hca", "shared-0000-3b-00-0-1")],
         &[],
     );
     let resp = kubelet
@@ -341,26 +281,16 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
         assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
         let spec: CdiSpec = serde_json::from_slice(
             &std::fs::read(
-                opts.paths
+                rig.opts
+                    .paths
                     .cdi_dir
                     .join(format!("rdma.kroce.io-claim_{}.json", c.uid)),
             )
             .unwrap(),
         )
         .unwrap();
-        let nodes: Vec<&str> = spec.devices[0]
-            .container_edits
-            .device_nodes
-            .iter()
-            .map(|n| n.path.as_str())
-            .collect();
-        assert!(
-            nodes
-                .iter()
-                .any(|n| n.starts_with("/dev/infiniband/uverbs")),
-            "{nodes:?}"
-        );
-        assert!(nodes.contains(&"/dev/infiniband/rdma_cm"), "{nodes:?}");
+        let (nodes, rdma) = rdma_device_nodes(&spec.devices[0]);
+        assert!(rdma, "uverbs and rdma_cm: {nodes:?}");
         let env = &spec.devices[0].container_edits.env;
         assert!(
             env.iter().any(|e| e.ends_with("_PCI_ADDRESS=0000:3b:00.0")),
@@ -369,12 +299,13 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
     }
     // Both holders got the same char devices; nobody got a device-info
     // file (a CNI reading one could move the HCA's netdev).
-    let files: Vec<_> = std::fs::read_dir(&opts.paths.devinfo_dir)
+    let files: Vec<_> = std::fs::read_dir(&rig.opts.paths.devinfo_dir)
         .map(|rd| rd.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(files.is_empty(), "{files:?}");
     assert!(
-        opts.paths
+        rig.opts
+            .paths
             .memlock_dir
             .as_ref()
             .unwrap()
@@ -384,24 +315,20 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
 
     // Network settings on a slot: refused, naming the device and field,
     // nothing written.
-    let c = claim(
-        &claims,
+    let c = rig.claim(
         "c",
         "00000000-0000-4000-8000-00000000000c",
-        "shared-0000-3b-00-0-2",
+        &[("hca", "shared-0000-3b-00-0-2")],
         &[cfg(json!({"vlan": 100}))],
     );
-    let resp = kubelet
-        .prepare(DRIVER_NAME, std::slice::from_ref(&c))
-        .await
-        .unwrap();
+    let resp = kubelet.prepare_claim(&c).await.unwrap();
     let err = &resp.claims[&c.uid].error;
     assert!(
         err.contains("shared-0000-3b-00-0-2") && err.contains("vlan"),
         "{err}"
     );
     assert!(
-        !opts
+        !rig.opts
             .paths
             .cdi_dir
             .join(format!("rdma.kroce.io-claim_{}.json", c.uid))
@@ -421,7 +348,7 @@ async fn plugin_publishes_and_prepares_shared_slots_from_the_config_file() {
         .await
         .unwrap();
     // ... and the VFs, now in the device plugin's pool, are its alone.
-    assert_eq!(count(&publisher, "vf-"), 0);
+    assert_eq!(count(&rig.publisher, "vf-"), 0);
     // Held slots still unprepare.
     let un = kubelet.unprepare(DRIVER_NAME, &[a, b]).await.unwrap();
     assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
