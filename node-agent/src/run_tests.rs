@@ -148,14 +148,27 @@ struct Setup {
     checks: bool,
 }
 
+impl Setup {
+    /// A resync every [`RESYNC`], no heartbeat in sight, no node checks.
+    const PLAIN: Setup = Setup {
+        resync: RESYNC,
+        heartbeat: HEARTBEAT,
+        checks: false,
+    };
+}
+
+/// Seeds n1's node state (the test [`spec`]).
+fn seed_state(s: &ApiServer) {
+    s.insert(KROCE, STATES, node_state(NODE, &spec()));
+}
+
 impl Harness {
     /// `seed` fills the API server before the loop starts.
     fn start(resync: Duration, seed: impl FnOnce(&ApiServer)) -> Harness {
         Harness::start_with(
             Setup {
                 resync,
-                heartbeat: HEARTBEAT,
-                checks: false,
+                ..Setup::PLAIN
             },
             seed,
         )
@@ -293,6 +306,45 @@ impl Harness {
         }
     }
 
+    /// The loop with the node checks on and n1's state seeded, once its
+    /// first complete report is in: congestion is judged from the second
+    /// snapshot on, so that is the first resync's report.
+    async fn checked_and_reported() -> Harness {
+        let mut h = Harness::start_with(
+            Setup {
+                checks: true,
+                ..Setup::PLAIN
+            },
+            seed_state,
+        );
+        h.until_reported().await;
+        sleep(RESYNC + RESYNC / 2).await;
+        h
+    }
+
+    /// Waits for the first status report.
+    async fn until_reported(&mut self) {
+        self.until("first report", |h| !h.status_patches().is_empty())
+            .await;
+    }
+
+    /// Waits until the status reports spec generation `n`.
+    async fn until_generation(&mut self, n: i64) {
+        self.until(&format!("generation {n} reported"), |h| {
+            h.stored_status()
+                .is_some_and(|s| s.observed_generation == Some(n))
+        })
+        .await;
+    }
+
+    /// The controller sets ens1f0's VFs in n1's spec to `n`; whether n1's
+    /// node state was there to change.
+    fn set_pf0_vfs(&self, n: u32) -> bool {
+        self.server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", n)).unwrap();
+        })
+    }
+
     fn assert_running(&self) {
         assert!(!self.task.is_finished(), "the loop ended");
     }
@@ -326,8 +378,7 @@ fn a_node_state_that_appears_is_applied_and_reported_by_server_side_apply() {
         assert!(h.rig.kernel.writes().is_empty());
 
         h.server.insert(KROCE, STATES, node_state(NODE, &spec()));
-        h.until("status report", |h| !h.status_patches().is_empty())
-            .await;
+        h.until_reported().await;
         // Long, but no resync: only events could cause more passes.
         sleep(NEVER / 2).await;
 
@@ -424,23 +475,15 @@ fn a_node_state_that_appears_is_applied_and_reported_by_server_side_apply() {
 #[test]
 fn a_spec_change_is_applied_and_reported() {
     scenario(|| async {
-        let mut h = Harness::start(NEVER, |s| {
-            s.insert(KROCE, STATES, node_state(NODE, &spec()))
-        });
+        let mut h = Harness::start(NEVER, seed_state);
         h.until("first apply", Harness::in_sync).await;
         settle().await;
         let writes = h.rig.kernel.writes().len();
         let patches = h.status_patches().len();
 
         // The controller narrows ens1f0 from 4 VFs to 2.
-        assert!(h.server.update(KROCE, STATES, "", NODE, |o| {
-            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
-        }));
-        h.until("generation 2 reported", |h| {
-            h.stored_status()
-                .is_some_and(|s| s.observed_generation == Some(2))
-        })
-        .await;
+        assert!(h.set_pf0_vfs(2));
+        h.until_generation(2).await;
         settle().await;
 
         assert_eq!(
@@ -467,9 +510,7 @@ fn a_spec_change_is_applied_and_reported() {
 #[test]
 fn host_drift_is_put_back_at_the_next_resync_without_a_status_report() {
     scenario(|| async {
-        let mut h = Harness::start(RESYNC, |s| {
-            s.insert(KROCE, STATES, node_state(NODE, &spec()));
-        });
+        let mut h = Harness::start(RESYNC, seed_state);
         h.until("first apply", Harness::in_sync).await;
         settle().await;
         let (passes, changes, patches) = (h.passes(), h.changes(), h.status_patches().len());
@@ -598,8 +639,7 @@ fn a_failed_status_report_does_not_stop_the_loop_and_the_next_pass_retries() {
             .await;
         settle().await;
         h.server.insert(KROCE, STATES, node_state(NODE, &spec()));
-        h.until("first report", |h| !h.status_patches().is_empty())
-            .await;
+        h.until_reported().await;
         // Refused: nothing stored, and no event wakes the agent; it keeps going.
         sleep(RESYNC / 2).await;
         h.assert_running();
@@ -614,16 +654,7 @@ fn a_failed_status_report_does_not_stop_the_loop_and_the_next_pass_retries() {
         assert_eq!(patches.len(), 2);
         // The same report, but for its timestamps (the refused one left no
         // conditions to keep transition times from).
-        let strip = |c: &Call| {
-            let mut s: RdmaNodeStateStatus =
-                serde_json::from_value(c.body["status"].clone()).unwrap();
-            s.last_sync_time = None;
-            for c in &mut s.conditions {
-                c.last_transition_time = None;
-            }
-            s
-        };
-        assert_eq!(strip(&patches[0]), strip(&patches[1]));
+        assert_eq!(content(&patches[0]), content(&patches[1]));
         // The host was configured once; the retry is only the report.
         assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
         h.stop().await.unwrap();
@@ -637,7 +668,7 @@ fn an_error_reading_the_node_state_does_not_stop_the_loop() {
             s.fail(500, 1, |c| {
                 c.method == "GET" && c.path == format!("{KROCE}/{STATES}/{NODE}")
             });
-            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+            seed_state(s);
         });
         h.until("node state applied", Harness::in_sync).await;
         h.assert_running();
@@ -652,7 +683,7 @@ fn a_failing_watch_is_retried_with_backoff_and_the_resync_still_applies() {
     scenario(|| async {
         let mut h = Harness::start(RESYNC, |s| {
             s.fail(500, 1000, |c| c.param("watch").as_deref() == Some("true"));
-            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+            seed_state(s);
         });
         h.until("first apply", Harness::in_sync).await;
         sleep(Duration::from_secs(60)).await;
@@ -665,14 +696,8 @@ fn a_failing_watch_is_retried_with_backoff_and_the_resync_still_applies() {
             "{attempts} watch attempts in 60 s"
         );
         // Without events, the resync still brings spec changes.
-        h.server.update(KROCE, STATES, "", NODE, |o| {
-            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
-        });
-        h.until("generation 2 reported", |h| {
-            h.stored_status()
-                .is_some_and(|s| s.observed_generation == Some(2))
-        })
-        .await;
+        h.set_pf0_vfs(2);
+        h.until_generation(2).await;
         assert_eq!(h.vfs_on(PF0), 2);
         h.stop().await.unwrap();
     });
@@ -683,7 +708,7 @@ fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
     scenario(|| async {
         let mut h = Harness::start(RESYNC, |s| {
             s.fail(500, 1, |c| c.path == format!("{CORE}/pods"));
-            s.insert(KROCE, STATES, node_state(NODE, &spec()));
+            seed_state(s);
         });
         // Pass 1 cannot list pods: every VF counts as held, ens1f0 is left
         // alone. The resync runs pass 2, which reads the (empty) pod list and
@@ -711,14 +736,8 @@ fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
         // A pod on this node holds a VF of ens1f0; the spec wants 2 VFs there.
         h.server
             .insert(CORE, "pods", pod_holding(NODE, "trainer-0", "0000:3b:00.3"));
-        h.server.update(KROCE, STATES, "", NODE, |o| {
-            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
-        });
-        h.until("the holder reported", |h| {
-            h.stored_status()
-                .is_some_and(|s| s.observed_generation == Some(2))
-        })
-        .await;
+        h.set_pf0_vfs(2);
+        h.until_generation(2).await;
         let st = h.status();
         let held = find(&st.conditions, "VfsHeld").unwrap();
         assert!(
@@ -758,19 +777,7 @@ fn content(c: &Call) -> RdmaNodeStateStatus {
 #[test]
 fn steady_state_resyncs_write_no_status() {
     scenario(|| async {
-        let mut h = Harness::start_with(
-            Setup {
-                resync: RESYNC,
-                heartbeat: HEARTBEAT,
-                checks: true,
-            },
-            |s| s.insert(KROCE, STATES, node_state(NODE, &spec())),
-        );
-        h.until("first report", |h| !h.status_patches().is_empty())
-            .await;
-        // Congestion is judged from the second snapshot on: the report of
-        // the first resync is the first complete one.
-        sleep(RESYNC + RESYNC / 2).await;
+        let h = Harness::checked_and_reported().await;
         let (passes, patches) = (h.passes(), h.status_patches().len());
         // Counters move, within limits (10 frames in 10 s).
         for _ in 0..6 {
@@ -805,11 +812,8 @@ fn steady_state_resyncs_write_no_status() {
 #[test]
 fn status_only_updates_do_not_wake_the_loop_and_spec_changes_do() {
     scenario(|| async {
-        let mut h = Harness::start(NEVER, |s| {
-            s.insert(KROCE, STATES, node_state(NODE, &spec()))
-        });
-        h.until("first report", |h| !h.status_patches().is_empty())
-            .await;
+        let mut h = Harness::start(NEVER, seed_state);
+        h.until_reported().await;
         sleep(NEVER / 4).await;
         // Its own report woke nothing (the old loop ran a second pass).
         assert_eq!(h.passes(), 1);
@@ -832,14 +836,8 @@ fn status_only_updates_do_not_wake_the_loop_and_spec_changes_do() {
         sleep(NEVER / 4).await;
         assert_eq!(h.passes(), 1, "a label change woke the loop");
         // The spec changes: one pass, one report.
-        h.server.update(KROCE, STATES, "", NODE, |o| {
-            o["spec"]["pfs"][0] = serde_json::to_value(pf_config(PF0, "ens1f0", 2)).unwrap();
-        });
-        h.until("generation 2 reported", |h| {
-            h.stored_status()
-                .is_some_and(|s| s.observed_generation == Some(2))
-        })
-        .await;
+        h.set_pf0_vfs(2);
+        h.until_generation(2).await;
         sleep(NEVER / 4).await;
         assert_eq!(h.passes(), 2);
         assert_eq!(h.status_patches().len(), 2);
@@ -853,18 +851,7 @@ fn status_only_updates_do_not_wake_the_loop_and_spec_changes_do() {
 #[test]
 fn a_changed_fact_is_reported_with_one_write() {
     scenario(|| async {
-        let mut h = Harness::start_with(
-            Setup {
-                resync: RESYNC,
-                heartbeat: HEARTBEAT,
-                checks: true,
-            },
-            |s| s.insert(KROCE, STATES, node_state(NODE, &spec())),
-        );
-        h.until("first report", |h| !h.status_patches().is_empty())
-            .await;
-        // The first resync completes the report (congestion needs two passes).
-        sleep(RESYNC + RESYNC / 2).await;
+        let h = Harness::checked_and_reported().await;
         let patches = h.status_patches().len();
         let before = h.status();
         let vf = before.pfs[1].vfs[3].netdev.clone().expect("VF netdev");
@@ -897,14 +884,12 @@ fn an_unchanged_report_is_rewritten_at_the_heartbeat_only() {
         let heartbeat = RESYNC * 6;
         let mut h = Harness::start_with(
             Setup {
-                resync: RESYNC,
                 heartbeat,
-                checks: false,
+                ..Setup::PLAIN
             },
-            |s| s.insert(KROCE, STATES, node_state(NODE, &spec())),
+            seed_state,
         );
-        h.until("first report", |h| !h.status_patches().is_empty())
-            .await;
+        h.until_reported().await;
         let first = h.status_patches()[0].clone();
         sleep(heartbeat - RESYNC / 2).await;
         assert_eq!(h.status_patches().len(), 1, "before the heartbeat");
