@@ -28,31 +28,31 @@ mod rig_bins;
 #[allow(dead_code)]
 #[path = "rig/process.rs"]
 mod rig_process;
+#[allow(dead_code)]
 mod runtime;
 
 use kroce_cni::testing::NetnsGuard;
 use kroce_cni::testing::testbed::{CNI_BIN_DIR, unique_tag};
 use kroce_e2e::cri;
-use kroce_e2e::cri::runtime_service_client::RuntimeServiceClient;
 use rig_process::Daemon;
 use runtime::containerd::Containerd;
-use runtime::{Peers, image, skip_reason};
+// The CRI calls and node setup both containerd tests make.
+use runtime::kubelet::*;
+use runtime::node::*;
+use runtime::{Peers, skip_reason};
 use serde_json::{Value, json};
 use sriov_helpers::PciAddress;
-use sriov_helpers::fixture::{FixtureHost, PfSpec};
+use sriov_helpers::fixture::FixtureHost;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
 
 const NETWORK: &str = "kroce-ctd";
 const SUBNET: &str = "10.77.0.0/24";
 const VF_MTU: u32 = 1500;
 const POD_MTU: u32 = 1400;
 const MEMLOCK_4MI: u64 = 4 << 20;
-
-type Cri = RuntimeServiceClient<Channel>;
 
 struct Rig {
     node: NetnsGuard,
@@ -68,15 +68,6 @@ struct Rig {
     vf_ifname: String,
     vf_mac: String,
     sysfs: PathBuf,
-}
-
-fn ip_json(args: &[&str]) -> Value {
-    let out = Command::new("ip")
-        .arg("-j")
-        .args(args)
-        .output()
-        .expect("ip");
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
 fn conflist(rig: &Rig, memlock: Option<&str>) -> String {
@@ -141,21 +132,6 @@ async fn network_ready(cri: &mut Cri) -> cri::RuntimeCondition {
         .expect("NetworkReady condition")
 }
 
-fn sandbox_config(name: &str, logs: &Path) -> cri::PodSandboxConfig {
-    cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        hostname: name.into(),
-        log_directory: logs.join(name).to_string_lossy().into_owned(),
-        linux: Some(cri::LinuxPodSandboxConfig::default()),
-        ..Default::default()
-    }
-}
-
 struct Pod {
     id: String,
     config: cri::PodSandboxConfig,
@@ -165,43 +141,15 @@ struct Pod {
 
 async fn run_pod(rig: &Rig, cri: &mut Cri, name: &str) -> Pod {
     let config = sandbox_config(name, &rig.dir.join("logs"));
-    let id = match cri
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-    {
-        Ok(r) => r.into_inner().pod_sandbox_id,
+    let id = match run_sandbox(cri, &config).await {
+        Ok(id) => id,
         Err(e) => panic!(
-            "RunPodSandbox {name}: {}\n--- containerd\n{}",
-            e.message(),
+            "RunPodSandbox {name}: {e}\n--- containerd\n{}",
             rig.ctd.log_tail()
         ),
     };
-    let st = cri
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let info: Value = serde_json::from_str(st.info.get("info").expect("verbose info")).unwrap();
-    let netns_path = info["runtimeSpec"]["linux"]["namespaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["type"] == "network")
-        .and_then(|n| n["path"].as_str())
-        .expect("sandbox netns path")
-        .to_owned();
-    let netns = Path::new(&netns_path)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let ip = st.status.unwrap().network.unwrap().ip;
+    let (netns, status) = sandbox_netns(cri, &id).await;
+    let ip = status.network.unwrap().ip;
     Pod {
         id,
         config,
@@ -211,28 +159,8 @@ async fn run_pod(rig: &Rig, cri: &mut Cri, name: &str) -> Pod {
 }
 
 async fn remove_pod(rig: &Rig, cri: &mut Cri, pod: &Pod) {
-    let fail = |step: &str, e: tonic::Status| -> ! {
-        panic!(
-            "{step} sandbox {}: {}\n{}",
-            pod.id,
-            e.message(),
-            rig.ctd.log_tail()
-        )
-    };
-    let id = pod.id.clone();
-    if let Err(e) = cri
-        .stop_pod_sandbox(cri::StopPodSandboxRequest {
-            pod_sandbox_id: id.clone(),
-        })
-        .await
-    {
-        fail("stop", e);
-    }
-    if let Err(e) = cri
-        .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
-        .await
-    {
-        fail("remove", e);
+    if let Err(e) = remove_sandbox(cri, &pod.id).await {
+        panic!("{e}\n{}", rig.ctd.log_tail());
     }
 }
 
@@ -250,42 +178,14 @@ async fn start_container(
     annotations: BTreeMap<String, String>,
 ) -> Result<Started, String> {
     let config = cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(cri::ImageSpec {
-            image: image::IMAGE.into(),
-        }),
-        command: vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "grep 'Max locked memory' /proc/self/limits; exec sleep 3600".into(),
-        ],
-        log_path: format!("{name}.log"),
         annotations: annotations.into_iter().collect(),
-        ..Default::default()
+        ..container_config(
+            name,
+            "grep 'Max locked memory' /proc/self/limits; exec sleep 3600",
+        )
     };
-    let id = cri
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.id.clone(),
-            config: Some(config),
-            sandbox_config: Some(pod.config.clone()),
-        })
-        .await
-        .map_err(|e| format!("CreateContainer {name}: {}", e.message()))?
-        .into_inner()
-        .container_id;
-    let st = cri
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .map_err(|e| e.message().to_owned())?
-        .into_inner();
-    let info: Value = serde_json::from_str(st.info.get("info").ok_or("no verbose info")?)
-        .map_err(|e| e.to_string())?;
+    let id = create_container(cri, &pod.id, &pod.config, config).await?;
+    let info = container_info(cri, &id).await?;
     let memlock = info["runtimeSpec"]["process"]["rlimits"]
         .as_array()
         .and_then(|l| l.iter().find(|r| r["type"] == "RLIMIT_MEMLOCK"))
@@ -323,20 +223,6 @@ fn limits_line(rig: &Rig, pod: &str, container: &str) -> String {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-async fn remove_container(cri: &mut Cri, id: &str) {
-    cri.stop_container(cri::StopContainerRequest {
-        container_id: id.into(),
-        timeout: 0,
-    })
-    .await
-    .unwrap();
-    cri.remove_container(cri::RemoveContainerRequest {
-        container_id: id.into(),
-    })
-    .await
-    .unwrap();
 }
 
 /// The pod's eth0 as `ip -j` shows it.
@@ -395,54 +281,19 @@ fn assert_node_clean(rig: &Rig, when: &str) {
 }
 
 fn setup(peers: &Peers, tag: &str) -> Rig {
-    let dir = tempfile::Builder::new()
-        .prefix("kroce-ctd-")
-        .tempdir_in("/tmp")
-        .unwrap()
-        .keep();
+    let dir = kept_dir("kroce-ctd-");
     let node = NetnsGuard::create(&format!("kroce-ctd-{tag}")).unwrap();
-    let mut fixture = FixtureHost::new().unwrap();
-    fixture.add_numa_node(0, "0-15").unwrap();
-    fixture
-        .add_pf(PfSpec::connectx6dx("0000:3b:00.0", "ens1f0", Some(0), 2))
-        .unwrap();
-    let pf: PciAddress = "0000:3b:00.0".parse().unwrap();
-    let vf_pci = fixture.vf_address(&pf, 0).unwrap();
-    let vf_ifname = "ens1f0v0".to_string();
+    let (fixture, pf) = fixture_pf();
+    let (vf_pci, vf_ifname, vf_mac) = veth_vf(&node, &fixture, &pf, 0, "kctdpeer0", VF_MTU);
     let sysfs = fixture.path().join("sys");
-    let vf_mac = std::fs::read_to_string(sysfs.join("class/net").join(&vf_ifname).join("address"))
-        .unwrap()
-        .trim()
-        .to_string();
-    node.ip(&[
-        "link",
-        "add",
-        &vf_ifname,
-        "address",
-        &vf_mac,
-        "mtu",
-        &VF_MTU.to_string(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "kctdpeer0",
-    ])
-    .unwrap();
-    node.ip(&["link", "set", "kctdpeer0", "up"]).unwrap();
 
     let mut ctd = Containerd::prepare(peers, &dir, &node.path).unwrap();
     let bins = rig_bins::Binaries::locate().unwrap();
     let bin_dir = bins.cni.parent().unwrap().to_path_buf();
-    std::os::unix::fs::symlink(&bins.cni, ctd.cni_bin.join("kroce-cni")).unwrap();
-    for p in ["host-local", "loopback"] {
-        std::os::unix::fs::symlink(Path::new(CNI_BIN_DIR).join(p), ctd.cni_bin.join(p)).unwrap();
-    }
+    link_cni_plugins(&ctd, &bins.cni);
     let state_dir = dir.join("kroce-state");
     let ipam_dir = dir.join("ipam");
-    ctd.start().unwrap();
-    let archive = image::build(&dir.join("image"), Path::new(runtime::BUSYBOX)).unwrap();
-    ctd.import(&archive).unwrap();
+    start_with_image(&mut ctd, &dir);
 
     let nri = start_nri(
         &bin_dir,
@@ -485,21 +336,6 @@ fn start_nri(
     let nri = Daemon::start("kroce-nri", netns, cmd, log).unwrap();
     wait_synchronized(&nri, ctd, 1);
     nri
-}
-
-/// Waits until kroce-nri has synchronized with the runtime `n` times (once
-/// per connection).
-fn wait_synchronized(nri: &Daemon, ctd: &Containerd, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while nri.log_text().matches("synchronized").count() < n {
-        assert!(
-            Instant::now() < deadline,
-            "kroce-nri never synchronized with containerd ({n}):\n{}\n--- containerd\n{}",
-            nri.log_text(),
-            ctd.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The runtime's RLIMIT_MEMLOCK hard limit, from its /proc.

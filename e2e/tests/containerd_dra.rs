@@ -33,21 +33,20 @@ mod rig_process;
 mod runtime;
 
 use kroce_cni::testing::NetnsGuard;
-use kroce_cni::testing::testbed::{CNI_BIN_DIR, unique_tag};
+use kroce_cni::testing::testbed::unique_tag;
 use kroce_e2e::cri;
-use kroce_e2e::cri::runtime_service_client::RuntimeServiceClient;
 use rig_process::Daemon;
 use runtime::containerd::Containerd;
-use runtime::{Peers, image, skip_reason};
+// The CRI calls and node setup both containerd tests make.
+use runtime::kubelet::*;
+use runtime::node::*;
+use runtime::{Peers, skip_reason};
 use serde_json::{Value, json};
 use sriov_helpers::PciAddress;
-use sriov_helpers::fixture::{FixtureHost, PfSpec};
+use sriov_helpers::fixture::FixtureHost;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
-use tonic::transport::Channel;
-
-type Cri = RuntimeServiceClient<Channel>;
+use std::time::Duration;
 
 const PRIMARY: &str = "kroce-ctd-primary";
 const VF_MTU: u32 = 1500;
@@ -91,51 +90,14 @@ fn bin(name: &str) -> PathBuf {
 }
 
 fn setup(peers: &Peers, tag: &str) -> Rig {
-    let dir = tempfile::Builder::new()
-        .prefix("kroce-ctd-dra-")
-        .tempdir_in("/tmp")
-        .unwrap()
-        .keep();
+    let dir = kept_dir("kroce-ctd-dra-");
     let node = NetnsGuard::create(&format!("kroce-dra-{tag}")).unwrap();
-    let mut fixture = FixtureHost::new().unwrap();
-    fixture.add_numa_node(0, "0-15").unwrap();
-    fixture
-        .add_pf(PfSpec::connectx6dx("0000:3b:00.0", "ens1f0", Some(0), 2))
-        .unwrap();
-    let pf: PciAddress = "0000:3b:00.0".parse().unwrap();
+    let (fixture, pf) = fixture_pf();
     let sysfs = fixture.path().join("sys");
-    let vf = [0u32, 1].map(|i| {
-        let pci = fixture.vf_address(&pf, i).unwrap();
-        let name = format!("ens1f0v{i}");
-        let mac = std::fs::read_to_string(sysfs.join("class/net").join(&name).join("address"))
-            .unwrap()
-            .trim()
-            .to_string();
-        let peer = format!("kdrapeer{i}");
-        node.ip(&[
-            "link",
-            "add",
-            &name,
-            "address",
-            &mac,
-            "mtu",
-            &VF_MTU.to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer,
-        ])
-        .unwrap();
-        node.ip(&["link", "set", &peer, "up"]).unwrap();
-        (pci, name, mac)
-    });
+    let vf = [0u32, 1].map(|i| veth_vf(&node, &fixture, &pf, i, &format!("kdrapeer{i}"), VF_MTU));
 
     let mut ctd = Containerd::prepare(peers, &dir, &node.path).unwrap();
-    std::os::unix::fs::symlink(bin("kroce-cni"), ctd.cni_bin.join("kroce-cni")).unwrap();
-    for p in ["host-local", "loopback"] {
-        std::os::unix::fs::symlink(Path::new(CNI_BIN_DIR).join(p), ctd.cni_bin.join(p)).unwrap();
-    }
+    link_cni_plugins(&ctd, &bin("kroce-cni"));
     let state_dir = dir.join("kroce-state");
     let ipam_dir = dir.join("ipam");
     // The primary network: kroce-cni on VF 1 as eth0.
@@ -148,9 +110,7 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]], "dataDir": ipam_dir},
     }]});
     std::fs::write(ctd.cni_conf.join("10-kroce.conflist"), primary.to_string()).unwrap();
-    ctd.start().unwrap();
-    let archive = image::build(&dir.join("image"), Path::new(runtime::BUSYBOX)).unwrap();
-    ctd.import(&archive).unwrap();
+    start_with_image(&mut ctd, &dir);
 
     let nri = start_nri(&node.path, &ctd, &state_dir, fixture.path(), &dir);
     Rig {
@@ -185,16 +145,7 @@ fn start_nri(
         .arg(&ctd.cni_bin)
         .env("RUST_LOG", "info");
     let nri = Daemon::start("kroce-nri", netns, cmd, &dir.join("kroce-nri.log")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while !nri.log_text().contains("synchronized") {
-        assert!(
-            Instant::now() < deadline,
-            "kroce-nri never synchronized:\n{}\n--- containerd\n{}",
-            nri.log_text(),
-            ctd.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_synchronized(&nri, ctd, 1);
     nri
 }
 
@@ -306,69 +257,10 @@ impl Rig {
     }
 }
 
-fn sandbox_config(name: &str, logs: &Path) -> cri::PodSandboxConfig {
-    cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        hostname: name.into(),
-        log_directory: logs.join(name).to_string_lossy().into_owned(),
-        linux: Some(cri::LinuxPodSandboxConfig::default()),
-        ..Default::default()
-    }
-}
-
 async fn run_pod(cri: &mut Cri, rig: &Rig, name: &str) -> Result<(String, String), String> {
-    let config = sandbox_config(name, &rig.dir.join("logs"));
-    let id = cri
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(config),
-            runtime_handler: String::new(),
-        })
-        .await
-        .map_err(|e| e.message().to_owned())?
-        .into_inner()
-        .pod_sandbox_id;
-    let st = cri
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let info: Value = serde_json::from_str(st.info.get("info").expect("verbose info")).unwrap();
-    let netns = info["runtimeSpec"]["linux"]["namespaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["type"] == "network")
-        .and_then(|n| n["path"].as_str())
-        .map(|p| {
-            Path::new(p)
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .expect("sandbox netns");
+    let id = run_sandbox(cri, &sandbox_config(name, &rig.dir.join("logs"))).await?;
+    let (netns, _) = sandbox_netns(cri, &id).await;
     Ok((id, netns))
-}
-
-async fn stop_and_remove(cri: &mut Cri, id: &str) {
-    cri.stop_pod_sandbox(cri::StopPodSandboxRequest {
-        pod_sandbox_id: id.into(),
-    })
-    .await
-    .unwrap();
-    cri.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-        pod_sandbox_id: id.into(),
-    })
-    .await
-    .unwrap();
 }
 
 /// Creates and starts a sleeping container in `pod` with the CDI devices
@@ -382,46 +274,20 @@ async fn start_sleeper(
     cdi: &[String],
 ) -> Result<(String, (String, String)), String> {
     let config = cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(cri::ImageSpec {
-            image: image::IMAGE.into(),
-        }),
-        command: vec!["/bin/sh".into(), "-c".into(), "exec sleep 3600".into()],
-        log_path: format!("{name}.log"),
         cdi_devices: cdi
             .iter()
             .map(|n| cri::CdiDevice { name: n.clone() })
             .collect(),
-        ..Default::default()
+        ..container_config(name, "exec sleep 3600")
     };
-    let id = cri
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.into(),
-            config: Some(config),
-            sandbox_config: Some(sandbox_config("dra-pod", &rig.dir.join("logs"))),
-        })
-        .await
-        .map_err(|e| format!("CreateContainer {name}: {}", e.message()))?
-        .into_inner()
-        .container_id;
+    let sandbox = sandbox_config("dra-pod", &rig.dir.join("logs"));
+    let id = create_container(cri, pod, &sandbox, config).await?;
     cri.start_container(cri::StartContainerRequest {
         container_id: id.clone(),
     })
     .await
     .map_err(|e| format!("StartContainer {name}: {}", e.message()))?;
-    let st = cri
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .map_err(|e| e.message().to_owned())?
-        .into_inner();
-    let info: Value = serde_json::from_str(st.info.get("info").ok_or("no verbose info")?)
-        .map_err(|e| e.to_string())?;
+    let info = container_info(cri, &id).await?;
     let pid = info["pid"].as_u64().ok_or(format!("no pid: {info}"))?;
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))
         .map_err(|e| format!("/proc/{pid}/limits: {e}"))?;
@@ -431,25 +297,6 @@ async fn start_sleeper(
         .ok_or("no Max locked memory line")?;
     let w: Vec<&str> = line.split_whitespace().collect();
     Ok((id, (w[3].to_owned(), w[4].to_owned())))
-}
-
-async fn remove_container(cri: &mut Cri, id: &str) {
-    cri.stop_container(cri::StopContainerRequest {
-        container_id: id.into(),
-        timeout: 0,
-    })
-    .await
-    .unwrap();
-    cri.remove_container(cri::RemoveContainerRequest {
-        container_id: id.into(),
-    })
-    .await
-    .unwrap();
-}
-
-fn ip_json(args: &[&str]) -> Value {
-    let out = Command::new("ip").arg("-j").args(args).output().unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,7 +389,7 @@ async fn dra_vf_attached_at_run_and_released_at_stop_through_containerd() {
                 &rig.dir,
             );
         }
-        stop_and_remove(&mut cri, &id).await;
+        remove_sandbox(&mut cri, &id).await.unwrap();
         rig.assert_vf_home(&format!("cycle {cycle}"));
         assert!(rig.result(uid).is_none(), "result removed at release");
         // The primary network's VF is back too (kroce-cni DEL via libcni).

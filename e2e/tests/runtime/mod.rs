@@ -9,6 +9,8 @@
 
 pub mod containerd;
 pub mod image;
+pub mod kubelet;
+pub mod node;
 
 use std::path::{Path, PathBuf};
 
