@@ -204,7 +204,7 @@ pub struct NodeAdmission {
     pub phase: AdmissionPhase,
     /// Consecutive failed runs (reset on pass).
     pub failures: u32,
-    pub last_result: Option<AdmissionRecord>,
+    pub last_result: Option<Box<AdmissionRecord>>,
     /// Why the node is waiting, for status display (not an event).
     pub waiting: Option<String>,
 }
@@ -504,7 +504,7 @@ pub fn plan(
                 node: s.to_string(),
                 record: record.clone(),
             });
-            state.last_result = Some(record);
+            state.last_result = Some(Box::new(record));
             if passed {
                 state.failures = 0;
                 state.phase = AdmissionPhase::Admitted {

@@ -118,6 +118,8 @@ pub struct Context {
     pub admission: admission::AdmissionSettings,
     /// What the shared watches hold: every read of a reconcile.
     pub stores: stores::Stores,
+    /// The cluster plan shared by concurrent network reconciles.
+    pub plans: sync::SharedPlan,
 }
 
 /// The Events API refuses notes over 1 kB; keep a margin.
@@ -198,6 +200,7 @@ impl Context {
             metrics,
             admission: admission::AdmissionSettings::default(),
             stores,
+            plans: Default::default(),
         }
     }
 }

@@ -10,6 +10,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+// Thousands of nodes' objects come and go through the stores and each
+// pass: mimalloc returns freed memory where glibc's arenas held on to it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// kroce controller: RdmaNetworks -> one RdmaNodeState per node, the device
 /// plugin's pools, NetworkAttachmentDefinitions, perftest admission.
 #[derive(Parser, Debug)]

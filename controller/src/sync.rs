@@ -17,7 +17,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// What a reconcile reads, from the shared stores (never a LIST).
@@ -33,6 +34,66 @@ pub(crate) fn world(ctx: &Context) -> World {
         nodes: ctx.stores.nodes(),
         states: ctx.stores.states_by_name(),
     }
+}
+
+/// The plan another running reconcile made from the same objects:
+/// concurrent reconciles share it (at thousands of nodes a plan is tens of
+/// MiB). Held weakly, so nothing stays once no reconcile uses it.
+#[derive(Default, Clone, Debug)]
+pub struct SharedPlan(Arc<Mutex<Option<(u64, Weak<ClusterPlan>)>>>);
+
+impl SharedPlan {
+    pub(crate) fn get(&self, world: &World) -> Arc<ClusterPlan> {
+        let key = plan_inputs_key(world);
+        if let Ok(g) = self.0.lock()
+            && let Some((k, w)) = g.as_ref()
+            && *k == key
+            && let Some(plan) = w.upgrade()
+        {
+            return plan;
+        }
+        let plan = Arc::new(plan_world(world));
+        if let Ok(mut g) = self.0.lock() {
+            *g = Some((key, Arc::downgrade(&plan)));
+        }
+        plan
+    }
+}
+
+/// Feeds serialized bytes straight into a hasher (no buffer).
+struct HashWrite<'a>(&'a mut DefaultHasher);
+
+impl std::io::Write for HashWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A hash of everything [`plan_world`] reads.
+fn plan_inputs_key(world: &World) -> u64 {
+    let mut h = DefaultHasher::new();
+    for n in &world.networks {
+        n.name_any().hash(&mut h);
+        n.meta().deletion_timestamp.is_some().hash(&mut h);
+        let _ = serde_json::to_writer(HashWrite(&mut h), &n.spec);
+    }
+    for n in &world.nodes {
+        n.name_any().hash(&mut h);
+        n.labels().hash(&mut h);
+    }
+    for (name, s) in &world.states {
+        name.hash(&mut h);
+        if let Some(st) = &s.status {
+            st.last_sync_time.is_some().hash(&mut h);
+            st.observed_generation.is_some().hash(&mut h);
+            let _ = serde_json::to_writer(HashWrite(&mut h), &st.pfs);
+        }
+    }
+    h.finish()
 }
 
 pub(crate) fn plan_world(world: &World) -> ClusterPlan {
@@ -428,7 +489,7 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
     // reconcile plans only to report (status, admission) and writes the
     // network's own objects.
     let world = world(ctx);
-    let plan = plan_world(&world);
+    let plan = ctx.plans.get(&world);
     let name = net.name_any();
     ctx.metrics.conflicts.set(
         plan.nodes
@@ -511,7 +572,7 @@ pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, 
         }
     }
     let world = world(ctx);
-    let plan = plan_world(&world);
+    let plan = ctx.plans.get(&world);
     let class = super::device_class::sync(ctx, net, &world, &plan, false).await?;
     changes.extend(class.changes);
     super::admission::cleanup_network(ctx, net, &plan).await?;
@@ -541,4 +602,43 @@ pub(crate) async fn cleanup(net: &RdmaNetwork, ctx: &Context) -> Result<Action, 
         )));
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod shared_plan_tests {
+    use super::*;
+
+    fn world(label: &str) -> World {
+        let net: RdmaNetwork = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+            "metadata": {"name": "fast"},
+            "spec": {"nodeSelector": {"rdma": "yes"}, "nicSelector": {"pfNames": ["ens1f0"]},
+                     "numVfs": 4, "resourceName": "vf"}}))
+        .unwrap();
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": {"rdma": label}}}))
+        .unwrap();
+        World {
+            networks: vec![Arc::new(net)],
+            nodes: vec![Arc::new(node)],
+            states: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn concurrent_reconciles_share_a_plan_until_an_input_changes() {
+        let plans = SharedPlan::default();
+        let a = plans.get(&world("yes"));
+        let b = plans.get(&world("yes"));
+        assert!(Arc::ptr_eq(&a, &b), "same inputs, one plan");
+        assert_eq!(a.nodes[0].selected, ["fast"]);
+        let c = plans.get(&world("no"));
+        assert!(!Arc::ptr_eq(&a, &c), "a label changed");
+        assert!(c.nodes[0].selected.is_empty());
+        // Nothing is kept once no reconcile holds the plan.
+        let weak = Arc::downgrade(&c);
+        drop((a, b, c));
+        assert!(weak.upgrade().is_none());
+    }
 }

@@ -62,7 +62,7 @@ pub fn entry_for(
     previous: Option<&NetworkAdmission>,
     now: &str,
 ) -> NetworkAdmission {
-    let last = adm.last_result.as_ref().map(AdmissionResult::from_record);
+    let last = adm.last_result.as_deref().map(AdmissionResult::from_record);
     let (status, reason, message) = match &adm.phase {
         AdmissionPhase::Admitted { at } if at.without_test => (
             true,
@@ -121,7 +121,7 @@ pub fn entry_for(
         phase: phase_name(&adm.phase).into(),
         schedulable: lifecycle::is_ready(&adm.phase),
         message,
-        last_result: last,
+        last_result: last.map(Box::new),
         conditions,
         state: adm.clone(),
     }
@@ -130,12 +130,16 @@ pub fn entry_for(
 /// `Admitted` when every network admits the node; otherwise the phase
 /// that needs attention first.
 pub fn summary_phase(entries: &[NetworkAdmission]) -> String {
+    summary_phase_of(entries.iter())
+}
+
+fn summary_phase_of<'a>(entries: impl Iterator<Item = &'a NetworkAdmission> + Clone) -> String {
     for p in ["Failed", "Testing", "Pending"] {
-        if entries.iter().any(|e| e.phase == p) {
+        if entries.clone().any(|e| e.phase == p) {
             return p.into();
         }
     }
-    if entries.is_empty() {
+    if entries.clone().next().is_none() {
         "NotSelected".into()
     } else {
         "Admitted".into()
@@ -178,8 +182,14 @@ pub(crate) fn has_label(node: &Node) -> bool {
     node.labels().get(READY_LABEL_KEY).map(String::as_str) == Some("true")
 }
 
+/// Writes in flight at once: enough to hide the API round trip, few
+/// enough not to crowd the API server at rollout.
+const WRITES_IN_FLIGHT: usize = 8;
+
 /// Writes each node's `status.admission` that changed (entries of
-/// networks no longer selecting the node dropped), then the marks.
+/// networks no longer selecting the node dropped), then the marks. Every
+/// write is tried; the first error is returned. Marks wait until every
+/// record is written.
 pub(crate) async fn persist_and_mark(
     ctx: &Context,
     plan: &ClusterPlan,
@@ -192,115 +202,172 @@ pub(crate) async fn persist_and_mark(
         .map(|n| (n.node.as_str(), n.selected.as_slice()))
         .collect();
     let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
+    // Unstarted: each body is built when its write starts, not all up front.
+    let mut writes = Vec::new();
+    for (node, list, phase) in changed_records(world, &entries, &selected) {
+        writes.push(write_records(&api, node, list, phase));
+    }
+    first_error(writes).await?;
+    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
+    let mut marks = Vec::new();
+    for node in &world.nodes {
+        let sel = selected
+            .get(node.name_any().as_str())
+            .copied()
+            .unwrap_or(&[]);
+        let (want_taint, want_label) =
+            desired_marks(sel, &world.gates, entries.of(&node.name_any()));
+        if want_taint != has_taint(node) || want_label != has_label(node) {
+            marks.push(mark(ctx, &nodes_api, node, want_taint, want_label));
+        }
+    }
+    first_error(marks).await
+}
+
+/// The nodes whose `status.admission` differs from what they hold (entries
+/// of networks no longer selecting the node dropped): node, list, phase.
+fn changed_records<'a>(
+    world: &'a World,
+    entries: &'a Entries<'_>,
+    selected: &BTreeMap<&str, &[String]>,
+) -> Vec<(&'a str, Vec<&'a NetworkAdmission>, String)> {
+    let mut out = Vec::new();
     for (node, state) in &world.states {
         let sel = selected.get(node.as_str()).copied().unwrap_or(&[]);
-        let current = entries.of(node);
-        let kept;
-        let list = if current.iter().all(|e| sel.contains(&e.network)) {
-            current
-        } else {
-            kept = current
-                .iter()
-                .filter(|e| sel.contains(&e.network))
-                .cloned()
-                .collect::<Vec<_>>();
-            kept.as_slice()
-        };
+        let list: Vec<&NetworkAdmission> = entries
+            .of(node)
+            .iter()
+            .filter(|e| sel.contains(&e.network))
+            .collect();
         let before = entries_of(state);
-        let phase = summary_phase(list);
+        let phase = summary_phase_of(list.iter().copied());
         let had_phase = state
             .status
             .as_ref()
-            .and_then(|s| s.admission_phase.clone());
-        if before == list
-            && (had_phase.as_deref() == Some(phase.as_str())
-                || (before.is_empty() && had_phase.is_none()))
+            .and_then(|s| s.admission_phase.as_deref());
+        if before.iter().eq(list.iter().copied())
+            && (had_phase == Some(phase.as_str()) || (before.is_empty() && had_phase.is_none()))
         {
             continue;
         }
-        let body = json!({
-            "apiVersion": "kroce.io/v1alpha1",
-            "kind": "RdmaNodeState",
-            "status": {"admission": list, "admissionPhase": phase},
-        });
-        api.patch_status(
-            node,
-            &PatchParams::apply(ADMISSION_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
+        out.push((node.as_str(), list, phase));
     }
-    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
-    for node in &world.nodes {
-        let name = node.name_any();
-        let sel = selected.get(name.as_str()).copied().unwrap_or(&[]);
-        let list = entries.of(&name);
-        let (want_taint, want_label) = desired_marks(sel, &world.gates, list);
-        if want_taint != has_taint(node) {
-            let mut taints: Vec<serde_json::Value> = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|t| t.key != UNREADY_TAINT_KEY)
-                .map(|t| serde_json::to_value(t).unwrap_or_default())
-                .collect();
-            if want_taint {
-                taints.push(json!({"key": UNREADY_TAINT_KEY, "effect": "NoSchedule"}));
-            }
-            // resourceVersion: a concurrent taint change fails (409) instead of being lost.
-            let patch = json!({
-                "metadata": {"resourceVersion": node.resource_version()},
-                "spec": {"taints": taints},
-            });
-            nodes_api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            let (reason, note) = if want_taint {
-                (
-                    "RdmaUnready",
-                    format!(
-                        "tainted {UNREADY_TAINT_KEY}:NoSchedule: not every RDMA network has admitted the node"
-                    ),
-                )
-            } else {
-                (
-                    "RdmaReady",
-                    format!(
-                        "removed taint {UNREADY_TAINT_KEY}: admitted by every RDMA network selecting it"
-                    ),
-                )
-            };
-            node_event(ctx, &name, EventType::Normal, reason, note).await;
+    out
+}
+
+async fn write_records(
+    api: &Api<RdmaNodeState>,
+    node: &str,
+    list: Vec<&NetworkAdmission>,
+    phase: String,
+) -> Result<(), Error> {
+    let body = json!({
+        "apiVersion": "kroce.io/v1alpha1",
+        "kind": "RdmaNodeState",
+        "status": {"admission": list, "admissionPhase": phase},
+    });
+    api.patch_status(
+        node,
+        &PatchParams::apply(ADMISSION_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs `writes` a few at a time; every one runs, the first error wins.
+async fn first_error(
+    writes: impl IntoIterator<Item = impl std::future::Future<Output = Result<(), Error>>>,
+) -> Result<(), Error> {
+    use futures::StreamExt;
+    let mut errors = futures::stream::iter(writes)
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .filter_map(|r| std::future::ready(r.err()));
+    let first = errors.next().await;
+    // Drain: the rest still run (and their errors are logged).
+    while let Some(e) = errors.next().await {
+        tracing::warn!(error = %e, "admission write");
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The taint and label of one node as admission wants them, each with its
+/// event.
+async fn mark(
+    ctx: &Context,
+    nodes_api: &Api<Node>,
+    node: &Node,
+    want_taint: bool,
+    want_label: bool,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    if want_taint != has_taint(node) {
+        let mut taints: Vec<serde_json::Value> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.key != UNREADY_TAINT_KEY)
+            .map(|t| serde_json::to_value(t).unwrap_or_default())
+            .collect();
+        if want_taint {
+            taints.push(json!({"key": UNREADY_TAINT_KEY, "effect": "NoSchedule"}));
         }
-        if want_label != has_label(node) {
-            let value = if want_label {
-                json!("true")
-            } else {
-                json!(null)
-            };
-            let patch = json!({"metadata": {"labels": {READY_LABEL_KEY: value}}});
-            nodes_api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            let (reason, note) = if want_label {
-                (
-                    "RdmaReady",
-                    format!(
-                        "labelled {READY_LABEL_KEY}=true: admitted by every RDMA network selecting it"
-                    ),
-                )
-            } else {
-                (
-                    "RdmaUnready",
-                    format!(
-                        "removed label {READY_LABEL_KEY}: not every RDMA network has admitted the node"
-                    ),
-                )
-            };
-            node_event(ctx, &name, EventType::Normal, reason, note).await;
-        }
+        // resourceVersion: a concurrent taint change fails (409) instead of being lost.
+        let patch = json!({
+            "metadata": {"resourceVersion": node.resource_version()},
+            "spec": {"taints": taints},
+        });
+        nodes_api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let (reason, note) = if want_taint {
+            (
+                "RdmaUnready",
+                format!(
+                    "tainted {UNREADY_TAINT_KEY}:NoSchedule: not every RDMA network has admitted the node"
+                ),
+            )
+        } else {
+            (
+                "RdmaReady",
+                format!(
+                    "removed taint {UNREADY_TAINT_KEY}: admitted by every RDMA network selecting it"
+                ),
+            )
+        };
+        node_event(ctx, &name, EventType::Normal, reason, note).await;
+    }
+    if want_label != has_label(node) {
+        let value = if want_label {
+            json!("true")
+        } else {
+            json!(null)
+        };
+        let patch = json!({"metadata": {"labels": {READY_LABEL_KEY: value}}});
+        nodes_api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let (reason, note) = if want_label {
+            (
+                "RdmaReady",
+                format!(
+                    "labelled {READY_LABEL_KEY}=true: admitted by every RDMA network selecting it"
+                ),
+            )
+        } else {
+            (
+                "RdmaUnready",
+                format!(
+                    "removed label {READY_LABEL_KEY}: not every RDMA network has admitted the node"
+                ),
+            )
+        };
+        node_event(ctx, &name, EventType::Normal, reason, note).await;
     }
     Ok(())
 }
@@ -344,6 +411,9 @@ impl<'w> Entries<'w> {
     pub(crate) fn set(&mut self, node: &str, entry: NetworkAdmission) {
         let list = self.list_mut(node);
         list.retain(|e| e.network != entry.network);
+        // Exact: thousands of these lists live through a pass, and doubling
+        // left a third of them empty.
+        list.reserve_exact(1);
         list.push(entry);
         list.sort_by(|a, b| a.network.cmp(&b.network));
     }

@@ -325,7 +325,7 @@ pub struct NetworkAdmission {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_result: Option<AdmissionResult>,
+    pub last_result: Option<Box<AdmissionResult>>,
     /// `Admitted`: False with the missed number and by how much after a failed run.
     #[serde(default)]
     pub conditions: Vec<Condition>,
