@@ -144,18 +144,14 @@ async fn prepare_and_unprepare_are_idempotent() {
     let di: serde_json::Value = serde_json::from_slice(&std::fs::read(di).unwrap()).unwrap();
     assert_eq!(di["pci"]["pci-address"], "0000:3b:00.2");
     assert_eq!(di["pci"]["pf-pci-address"], "0000:3b:00.0");
-    let ml: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(
-            rig.opts
-                .paths
-                .memlock_dir
-                .as_ref()
-                .unwrap()
-                .join(format!("{uid}.json")),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let ml_file = rig
+        .opts
+        .paths
+        .memlock_dir
+        .as_ref()
+        .unwrap()
+        .join(format!("{uid}.json"));
+    let ml: serde_json::Value = serde_json::from_slice(&std::fs::read(&ml_file).unwrap()).unwrap();
     assert_eq!(ml["containerID"], uid);
     assert_eq!(ml["memlock"], 1u64 << 30);
     assert_eq!(ml["attachments"]["vf-0000-3b-00-2"]["network"], "vf");
@@ -165,16 +161,7 @@ async fn prepare_and_unprepare_are_idempotent() {
     let nri_state = tempfile::tempdir().unwrap();
     let nri_dir = kroce_contracts::memlock_file::dra_dir(nri_state.path());
     std::fs::create_dir_all(&nri_dir).unwrap();
-    std::fs::copy(
-        rig.opts
-            .paths
-            .memlock_dir
-            .as_ref()
-            .unwrap()
-            .join(format!("{uid}.json")),
-        nri_dir.join(format!("{uid}.json")),
-    )
-    .unwrap();
+    std::fs::copy(&ml_file, nri_dir.join(format!("{uid}.json"))).unwrap();
     let container = kroce_nri::proto::api::Container {
         id: "holder".into(),
         env: env.clone(),
