@@ -40,7 +40,10 @@ pub(crate) fn world(ctx: &Context) -> World {
 /// concurrent reconciles share it (at thousands of nodes a plan is tens of
 /// MiB). Held weakly, so nothing stays once no reconcile uses it.
 #[derive(Default, Clone, Debug)]
-pub struct SharedPlan(Arc<Mutex<Option<(u64, Weak<ClusterPlan>)>>>);
+pub struct SharedPlan(Arc<Mutex<Option<LastPlan>>>);
+
+/// The inputs' hash and the plan made from them.
+type LastPlan = (u64, Weak<ClusterPlan>);
 
 impl SharedPlan {
     pub(crate) fn get(&self, world: &World) -> Arc<ClusterPlan> {
