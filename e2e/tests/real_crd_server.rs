@@ -449,7 +449,7 @@ async fn controller_agent_and_admission_share_a_node_state_by_server_side_apply(
     assert_eq!(st.admission_phase.as_deref(), Some("Admitted"));
     // The record reads back equal through the real server (else every
     // pass would see a change and write again).
-    assert_eq!(st.admission, [entry.clone()]);
+    assert_eq!(st.admission, std::slice::from_ref(&entry));
     assert_eq!(
         st.configured_pfs, 1,
         "admission's apply kept the agent's fields"

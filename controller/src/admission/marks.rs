@@ -130,16 +130,12 @@ pub fn entry_for(
 /// `Admitted` when every network admits the node; otherwise the phase
 /// that needs attention first.
 pub fn summary_phase(entries: &[NetworkAdmission]) -> String {
-    summary_phase_of(entries.iter())
-}
-
-fn summary_phase_of<'a>(entries: impl Iterator<Item = &'a NetworkAdmission> + Clone) -> String {
     for p in ["Failed", "Testing", "Pending"] {
-        if entries.clone().any(|e| e.phase == p) {
+        if entries.iter().any(|e| e.phase == p) {
             return p.into();
         }
     }
-    if entries.clone().next().is_none() {
+    if entries.is_empty() {
         "NotSelected".into()
     } else {
         "Admitted".into()
@@ -201,53 +197,67 @@ pub(crate) async fn persist_and_mark(
         .iter()
         .map(|n| (n.node.as_str(), n.selected.as_slice()))
         .collect();
+    // Marks are decided now, from the entries as this pass leaves them,
+    // and carried out once every record is written.
+    let mut wanted = Vec::new();
+    for node in &world.nodes {
+        let name = node.name_any();
+        let sel = selected.get(name.as_str()).copied().unwrap_or(&[]);
+        let (want_taint, want_label) = desired_marks(sel, &world.gates, entries.of(&name));
+        if want_taint != has_taint(node) || want_label != has_label(node) {
+            wanted.push((&**node, want_taint, want_label));
+        }
+    }
     let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
-    // Unstarted: each body is built when its write starts, not all up front.
+    // Each list is handed to its write and freed when the write is done:
+    // at rollout the new entries and the store (filling up as the writes
+    // land) are never both whole in memory. Bodies are built as writes start.
     let mut writes = Vec::new();
-    for (node, list, phase) in changed_records(world, &entries, &selected) {
+    for (node, list, phase) in changed_records(world, entries.into_changed(), &selected) {
         writes.push(write_records(&api, node, list, phase));
     }
     first_error(writes).await?;
     let nodes_api: Api<Node> = Api::all(ctx.client.clone());
     let mut marks = Vec::new();
-    for node in &world.nodes {
-        let sel = selected
-            .get(node.name_any().as_str())
-            .copied()
-            .unwrap_or(&[]);
-        let (want_taint, want_label) =
-            desired_marks(sel, &world.gates, entries.of(&node.name_any()));
-        if want_taint != has_taint(node) || want_label != has_label(node) {
-            marks.push(mark(ctx, &nodes_api, node, want_taint, want_label));
-        }
+    for (node, want_taint, want_label) in wanted {
+        marks.push(mark(ctx, &nodes_api, node, want_taint, want_label));
     }
     first_error(marks).await
 }
 
 /// The nodes whose `status.admission` differs from what they hold (entries
 /// of networks no longer selecting the node dropped): node, list, phase.
+/// `changed`: this pass's lists, by node (the others are the stored ones).
 fn changed_records<'a>(
     world: &'a World,
-    entries: &'a Entries<'_>,
+    mut changed: BTreeMap<String, Vec<NetworkAdmission>>,
     selected: &BTreeMap<&str, &[String]>,
-) -> Vec<(&'a str, Vec<&'a NetworkAdmission>, String)> {
+) -> Vec<(&'a str, Vec<NetworkAdmission>, String)> {
     let mut out = Vec::new();
     for (node, state) in &world.states {
         let sel = selected.get(node.as_str()).copied().unwrap_or(&[]);
-        let list: Vec<&NetworkAdmission> = entries
-            .of(node)
-            .iter()
-            .filter(|e| sel.contains(&e.network))
-            .collect();
         let before = entries_of(state);
-        let phase = summary_phase_of(list.iter().copied());
         let had_phase = state
             .status
             .as_ref()
             .and_then(|s| s.admission_phase.as_deref());
-        if before.iter().eq(list.iter().copied())
-            && (had_phase == Some(phase.as_str()) || (before.is_empty() && had_phase.is_none()))
-        {
+        let same = |list: &[NetworkAdmission], phase: &str| {
+            before == list
+                && (had_phase == Some(phase) || (before.is_empty() && had_phase.is_none()))
+        };
+        let mut list = match changed.remove(node) {
+            Some(list) => list,
+            // Untouched by this pass: copied only if something must go.
+            None if before.iter().all(|e| sel.contains(&e.network))
+                && same(before, &summary_phase(before)) =>
+            {
+                continue;
+            }
+            None => before.to_vec(),
+        };
+        list.retain(|e| sel.contains(&e.network));
+        let phase = summary_phase(&list);
+        if same(&list, &phase) {
             continue;
         }
         out.push((node.as_str(), list, phase));
@@ -258,7 +268,7 @@ fn changed_records<'a>(
 async fn write_records(
     api: &Api<RdmaNodeState>,
     node: &str,
-    list: Vec<&NetworkAdmission>,
+    list: Vec<NetworkAdmission>,
     phase: String,
 ) -> Result<(), Error> {
     let body = json!({
@@ -431,6 +441,11 @@ impl<'w> Entries<'w> {
         for n in nodes {
             self.list_mut(&n).retain(|e| e.network != network);
         }
+    }
+
+    /// This pass's lists, by node.
+    pub(crate) fn into_changed(self) -> BTreeMap<String, Vec<NetworkAdmission>> {
+        self.changed
     }
 
     fn list_mut(&mut self, node: &str) -> &mut Vec<NetworkAdmission> {
