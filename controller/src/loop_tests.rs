@@ -156,7 +156,10 @@ async fn a_converged_cluster_writes_nothing_on_resync() {
         .filter(|c| c.method == "GET")
         .map(|c| format!("{} {}?{}", c.method, c.path, c.query))
         .filter(|c| {
-            c.contains("rdmanodestates") || c.contains("/nodes") || c.contains("rdmanetworks?")
+            c.contains("rdmanodestates")
+                || c.contains("/nodes")
+                || c.contains("rdmanetworks?")
+                || c.contains("network-attachment-definitions?")
         })
         .collect();
     assert!(lists.is_empty(), "reconciles listed: {lists:?}");

@@ -5,6 +5,8 @@
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
+use kroce_operator::names::NETWORK_LABEL;
+use kroce_operator::plan::nad::NetworkAttachmentDefinition;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,6 +28,10 @@ pub struct Stores {
     pub configmaps: Store<ConfigMap>,
     /// Only admission perftest pods, in the test namespace.
     pub test_pods: Store<Pod>,
+    /// Only kroce's attachment definitions (labelled with their network).
+    /// Never ready where the kind is not served (no Multus): readers then
+    /// ask the API, which says so.
+    pub nads: Store<NetworkAttachmentDefinition>,
     /// Kinds whose watch has failed at least once (see [`Stores::ready`]).
     failed: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -55,6 +61,7 @@ impl Stores {
                 ("RdmaNodeState", Self::ready_now(&self.states)),
                 ("ConfigMap", Self::ready_now(&self.configmaps)),
                 ("Pod", Self::ready_now(&self.test_pods)),
+                ("NetworkAttachmentDefinition", Self::ready_now(&self.nads)),
             ] {
                 match ready {
                     Some(Ok(())) => {}
@@ -116,6 +123,21 @@ impl Stores {
             .get(&reflector::ObjectRef::<ConfigMap>::new(name).within(namespace))
     }
 
+    /// The attachment definitions of `network`, once the watch has listed
+    /// them (None before, or where the kind is not served).
+    pub fn nads_of(&self, network: &str) -> Option<Vec<Arc<NetworkAttachmentDefinition>>> {
+        match Self::ready_now(&self.nads) {
+            Some(Ok(())) => Some(
+                self.nads
+                    .state()
+                    .into_iter()
+                    .filter(|n| n.labels().get(NETWORK_LABEL).map(String::as_str) == Some(network))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
+
     /// Test pods whose labels include every `key=value` of `selector`.
     pub fn test_pods(&self, selector: &str) -> Vec<Arc<Pod>> {
         let wanted: Vec<(&str, &str)> = selector
@@ -173,9 +195,13 @@ where
         .reflect_shared(writer)
         .for_each(move |ev| {
             if let Err(e) = ev {
-                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying with backoff");
-                if let Ok(mut f) = failed.lock() {
-                    f.insert(kind.clone());
+                // Once per kind: a kind that is not served (no Multus in a
+                // DRA-only cluster) would otherwise warn every retry.
+                let first = failed.lock().map(|mut f| f.insert(kind.clone())).unwrap_or(true);
+                if first {
+                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying with backoff (repeats are logged at debug)");
+                } else {
+                    tracing::debug!(kind = %kind, error = %e, "watch failed again; retrying");
                 }
             }
             std::future::ready(())
@@ -211,6 +237,7 @@ pub fn start(
     let (states, states_w) = reflector::store_shared::<RdmaNodeState>(SUBSCRIBE_BUFFER);
     let (configmaps, configmaps_w) = reflector::store_shared::<ConfigMap>(SUBSCRIBE_BUFFER);
     let (test_pods, pods_w) = reflector::store_shared::<Pod>(SUBSCRIBE_BUFFER);
+    let (nads, nads_w) = reflector::store_shared::<NetworkAttachmentDefinition>(SUBSCRIBE_BUFFER);
     let sub = |what: &'static str| StoreError { what };
     let nodes_sub = nodes_w.subscribe().ok_or_else(|| sub("nodes"))?;
     let networks_sub = [
@@ -224,41 +251,51 @@ pub fn start(
     let pods_sub = pods_w.subscribe().ok_or_else(|| sub("pods"))?;
     let any = || watcher::Config::default().any_semantic();
     let failed: Arc<Mutex<BTreeSet<String>>> = Arc::default();
-    let driver = futures::future::join5(
-        drive(
-            Api::<Node>::all(client.clone()),
-            any(),
-            nodes_w,
-            strip_node,
-            failed.clone(),
-        ),
-        drive(
-            Api::<RdmaNetwork>::all(client.clone()),
-            any(),
-            networks_w,
-            strip_managed,
-            failed.clone(),
-        ),
-        drive(
-            Api::<RdmaNodeState>::all(client.clone()),
-            any(),
-            states_w,
-            strip_managed,
-            failed.clone(),
-        ),
-        drive(
-            Api::<ConfigMap>::namespaced(client.clone(), namespace),
-            any().fields(&format!("metadata.name={configmap}")),
-            configmaps_w,
-            strip_managed,
-            failed.clone(),
-        ),
-        drive(
-            Api::<Pod>::namespaced(client.clone(), test_namespace),
-            any().labels(kroce_operator::names::ADMISSION_RUN_LABEL),
-            pods_w,
-            strip_managed,
-            failed.clone(),
+    let nads_driver = drive(
+        Api::<NetworkAttachmentDefinition>::all(client.clone()),
+        any().labels(NETWORK_LABEL),
+        nads_w,
+        strip_managed,
+        failed.clone(),
+    );
+    let driver = futures::future::join(
+        nads_driver,
+        futures::future::join5(
+            drive(
+                Api::<Node>::all(client.clone()),
+                any(),
+                nodes_w,
+                strip_node,
+                failed.clone(),
+            ),
+            drive(
+                Api::<RdmaNetwork>::all(client.clone()),
+                any(),
+                networks_w,
+                strip_managed,
+                failed.clone(),
+            ),
+            drive(
+                Api::<RdmaNodeState>::all(client.clone()),
+                any(),
+                states_w,
+                strip_managed,
+                failed.clone(),
+            ),
+            drive(
+                Api::<ConfigMap>::namespaced(client.clone(), namespace),
+                any().fields(&format!("metadata.name={configmap}")),
+                configmaps_w,
+                strip_managed,
+                failed.clone(),
+            ),
+            drive(
+                Api::<Pod>::namespaced(client.clone(), test_namespace),
+                any().labels(kroce_operator::names::ADMISSION_RUN_LABEL),
+                pods_w,
+                strip_managed,
+                failed.clone(),
+            ),
         ),
     )
     .map(|_| ())
@@ -270,6 +307,7 @@ pub fn start(
             states,
             configmaps,
             test_pods,
+            nads,
             failed,
         },
         nodes: nodes_sub,
@@ -330,7 +368,21 @@ pub fn from_objects(
     states: Vec<RdmaNodeState>,
     configmaps: Vec<ConfigMap>,
     test_pods: Vec<Pod>,
+    nads: Option<Vec<NetworkAttachmentDefinition>>,
 ) -> Stores {
+    // None: the kind is not served, as a watch that fails and never lists.
+    let failed = nads.is_none().then_some("NetworkAttachmentDefinition");
+    fn never_listed<K>() -> Store<K>
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Eq + Hash + Clone + Default,
+    {
+        let w = Writer::<K>::default();
+        let r = w.as_reader();
+        // A dropped writer reads as an ended watch; this one never lists.
+        std::mem::forget(w);
+        r
+    }
     fn fill<K>(items: Vec<K>, strip: fn(&mut K)) -> Store<K>
     where
         K: Resource + Clone + 'static,
@@ -351,6 +403,10 @@ pub fn from_objects(
         states: fill(states, strip_managed),
         configmaps: fill(configmaps, strip_managed),
         test_pods: fill(test_pods, strip_managed),
-        failed: Arc::default(),
+        nads: match nads {
+            Some(n) => fill(n, strip_managed),
+            None => never_listed(),
+        },
+        failed: Arc::new(Mutex::new(failed.into_iter().map(str::to_string).collect())),
     }
 }

@@ -207,14 +207,18 @@ async fn sync_nads(ctx: &Context, net: &RdmaNetwork, keep: bool) -> Result<NadOu
     let name = net.name_any();
     let mut out = NadOutcome::default();
     let all: Api<NetworkAttachmentDefinition> = Api::all(ctx.client.clone());
-    let existing = if name.len() > MAX_LABEL_VALUE {
+    let existing: Vec<Arc<NetworkAttachmentDefinition>> = if name.len() > MAX_LABEL_VALUE {
         // Such a network (admitted before the CRD refused long names)
         // could never get one, and its deletion must not fail on it.
         Vec::new()
+    } else if let Some(watched) = ctx.stores.nads_of(&name) {
+        watched
     } else {
+        // The watch has not listed: the kind may not be served (no
+        // Multus), which only the API's answer tells.
         let lp = ListParams::default().labels(&format!("{NETWORK_LABEL}={name}"));
         match all.list(&lp).await {
-            Ok(l) => l.items,
+            Ok(l) => l.items.into_iter().map(Arc::new).collect(),
             // "404 page not found": nothing serves the kind.
             Err(e) if is_not_found(&e) => {
                 out.crd_missing = true;

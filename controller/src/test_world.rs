@@ -23,6 +23,18 @@ pub fn snapshot(server: &ApiServer) -> Stores {
         all(server, "/apis/kroce.io/v1alpha1", "rdmanodestates"),
         all(server, "/api/v1", "configmaps"),
         all(server, "/api/v1", "pods"),
+        // As a watch would see it: never listed where the kind is not served.
+        (!server
+            .unserved
+            .lock()
+            .is_ok_and(|u| u.contains("network-attachment-definitions")))
+        .then(|| {
+            all(
+                server,
+                "/apis/k8s.cni.cncf.io/v1",
+                "network-attachment-definitions",
+            )
+        }),
     )
 }
 

@@ -630,6 +630,8 @@ async fn the_controllers_reconcile_writes_node_states_nads_and_status_to_the_rea
                 states.list(&lp).await.unwrap().items,
                 vec![],
                 vec![],
+                // Not watched here: the controller asks the server.
+                None,
             ),
         ))
     };
