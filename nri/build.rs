@@ -2,7 +2,9 @@
 //! protox (pure Rust, no system `protoc`) and prost.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/nri");
+    // Read at run time, not compiled in: a build script built for one
+    // checkout is reused by cargo for another with the same sources.
+    let dir = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../proto/nri");
     let files = [dir.join("api.proto"), dir.join("ttrpc.proto")];
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
