@@ -113,6 +113,8 @@ pub struct Context {
     /// Name of the shared device plugin ConfigMap.
     pub configmap: String,
     pub recorder: Recorder,
+    /// Who publishes events (for those created without the recorder).
+    pub reporter: Reporter,
     pub metrics: Arc<Metrics>,
     /// Perftest admission flags (test namespace, image, clock).
     pub admission: admission::AdmissionSettings,
@@ -169,6 +171,59 @@ impl Context {
             tracing::warn!(error = %e, object = ?regarding.name, reason, "cannot publish event");
         }
     }
+
+    /// [`Context::event`] for a one-off (a node's taint or label changing):
+    /// created directly, not kept by the recorder, which holds every event
+    /// it publishes for minutes to count repeats (at a 5,000-node rollout,
+    /// 35 MiB of events that never repeat).
+    pub(crate) async fn event_once(
+        &self,
+        regarding: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: kube::runtime::events::EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        use k8s_openapi::api::events::v1::Event as K8sEvent;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let ev = K8sEvent {
+            action: Some(action.into()),
+            reason: Some(reason.into()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            note: Some(event_note(note)),
+            metadata: ObjectMeta {
+                namespace: Some(namespace.to_string()),
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_deref().unwrap_or(MANAGER),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            type_: Some(
+                match type_ {
+                    kube::runtime::events::EventType::Normal => "Normal",
+                    kube::runtime::events::EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(e) = api.create(&Default::default(), &ev).await {
+            tracing::warn!(error = %e, object = ?regarding.name, reason, "cannot publish event");
+        }
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -193,7 +248,8 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            reporter,
             client,
             namespace: namespace.to_string(),
             configmap: configmap.to_string(),

@@ -11,7 +11,7 @@ use kroce_operator::crd::{
 };
 use kroce_operator::names::{MANAGED_BY_LABEL, NETWORK_LABEL};
 use kroce_operator::plan::nad::{NetworkAttachmentDefinition, attachment_definition};
-use kroce_operator::plan::{ClusterPlan, NetworkInput, NodeInput, plan_cluster};
+use kroce_operator::plan::{ClusterPlan, NetworkInput, NodeInput, plan_cluster_without_pools};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -132,7 +132,8 @@ pub(crate) fn plan_world(world: &World) -> ClusterPlan {
             }
         })
         .collect();
-    plan_cluster(&nodes, &networks)
+    // Pools are the node loop's (plan_node): this plan reports.
+    plan_cluster_without_pools(&nodes, &networks)
 }
 
 /// An event on `net` (reason doubles as the action).

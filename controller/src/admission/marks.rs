@@ -4,9 +4,11 @@
 /// The condition in each `status.admission[]` entry.
 pub const ADMITTED_CONDITION: &str = "Admitted";
 
-use super::events::node_event;
+use super::events::node_event_once;
 use super::world::World;
 use crate::{Context, Error};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Node;
 use kroce_admission::lifecycle::{
     self, AdmissionPhase, NodeAdmission, READY_LABEL_KEY, UNREADY_TAINT_KEY,
@@ -211,18 +213,52 @@ pub(crate) async fn persist_and_mark(
     let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
     // Each list is handed to its write and freed when the write is done:
     // at rollout the new entries and the store (filling up as the writes
-    // land) are never both whole in memory. Bodies are built as writes start.
-    let mut writes = Vec::new();
-    for (node, list, phase) in changed_records(world, entries.into_changed(), &selected) {
-        writes.push(write_records(&api, node, list, phase));
+    // land) are never both whole in memory. Writes start a few at a time
+    // (an unstarted write costs kilobytes, times thousands of nodes).
+    let mut errors = Vec::new();
+    let mut records = changed_records(world, entries.into_changed(), &selected).into_iter();
+    let mut running = FuturesUnordered::new();
+    loop {
+        while running.len() < WRITES_IN_FLIGHT
+            && let Some((node, list, phase)) = records.next()
+        {
+            running.push(write_records(&api, node, list, phase));
+        }
+        match running.next().await {
+            Some(r) => errors.extend(r.err()),
+            None => break,
+        }
     }
-    first_error(writes).await?;
+    first_of(errors)?;
     let nodes_api: Api<Node> = Api::all(ctx.client.clone());
-    let mut marks = Vec::new();
-    for (node, want_taint, want_label) in wanted {
-        marks.push(mark(ctx, &nodes_api, node, want_taint, want_label));
+    let mut errors = Vec::new();
+    let mut wanted = wanted.into_iter();
+    let mut running = FuturesUnordered::new();
+    loop {
+        while running.len() < WRITES_IN_FLIGHT
+            && let Some((node, want_taint, want_label)) = wanted.next()
+        {
+            running.push(mark(ctx, &nodes_api, node, want_taint, want_label));
+        }
+        match running.next().await {
+            Some(r) => errors.extend(r.err()),
+            None => break,
+        }
     }
-    first_error(marks).await
+    first_of(errors)
+}
+
+/// The first error (every write was tried); the others are logged.
+fn first_of(errors: Vec<Error>) -> Result<(), Error> {
+    let mut errors = errors.into_iter();
+    let first = errors.next();
+    for e in errors {
+        tracing::warn!(error = %e, "admission write");
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// The nodes whose `status.admission` differs from what they hold (entries
@@ -285,25 +321,6 @@ async fn write_records(
     Ok(())
 }
 
-/// Runs `writes` a few at a time; every one runs, the first error wins.
-async fn first_error(
-    writes: impl IntoIterator<Item = impl std::future::Future<Output = Result<(), Error>>>,
-) -> Result<(), Error> {
-    use futures::StreamExt;
-    let mut errors = futures::stream::iter(writes)
-        .buffer_unordered(WRITES_IN_FLIGHT)
-        .filter_map(|r| std::future::ready(r.err()));
-    let first = errors.next().await;
-    // Drain: the rest still run (and their errors are logged).
-    while let Some(e) = errors.next().await {
-        tracing::warn!(error = %e, "admission write");
-    }
-    match first {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
 /// The taint and label of one node as admission wants them, each with its
 /// event.
 async fn mark(
@@ -350,7 +367,7 @@ async fn mark(
                 ),
             )
         };
-        node_event(ctx, &name, EventType::Normal, reason, note).await;
+        node_event_once(ctx, &name, EventType::Normal, reason, note).await;
     }
     if want_label != has_label(node) {
         let value = if want_label {
@@ -377,7 +394,7 @@ async fn mark(
                 ),
             )
         };
-        node_event(ctx, &name, EventType::Normal, reason, note).await;
+        node_event_once(ctx, &name, EventType::Normal, reason, note).await;
     }
     Ok(())
 }

@@ -205,6 +205,23 @@ pub fn selects(spec: &RdmaNetworkSpec, labels: &BTreeMap<String, String>) -> boo
 /// Plans every node. Networks are taken in name order so the result never
 /// depends on list order.
 pub fn plan_cluster(nodes: &[NodeInput], networks: &[NetworkInput]) -> ClusterPlan {
+    plan_cluster_with(nodes, networks, Pools::Planned)
+}
+
+/// [`plan_cluster`] without device plugin pools (`device_plugin` stays
+/// None): for readers of selection, matches, specs and conflicts only. At
+/// thousands of nodes the pools were most of a plan's memory.
+pub fn plan_cluster_without_pools(nodes: &[NodeInput], networks: &[NetworkInput]) -> ClusterPlan {
+    plan_cluster_with(nodes, networks, Pools::Skipped)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Pools {
+    Planned,
+    Skipped,
+}
+
+fn plan_cluster_with(nodes: &[NodeInput], networks: &[NetworkInput], pools: Pools) -> ClusterPlan {
     let mut invalid = BTreeMap::new();
     let mut valid: Vec<&NetworkInput> = Vec::new();
     for n in networks {
@@ -217,7 +234,10 @@ pub fn plan_cluster(nodes: &[NodeInput], networks: &[NetworkInput]) -> ClusterPl
     }
     valid.sort_by(|a, b| a.name.cmp(&b.name));
     let prepared: Vec<Prepared> = valid.into_iter().map(Prepared::new).collect();
-    let nodes = nodes.iter().map(|n| plan_prepared(n, &prepared)).collect();
+    let nodes = nodes
+        .iter()
+        .map(|n| plan_prepared(n, &prepared, pools))
+        .collect();
     ClusterPlan { nodes, invalid }
 }
 
@@ -226,10 +246,10 @@ pub fn plan_node(node: &NodeInput, networks: &[NetworkInput]) -> NodePlan {
     let mut sorted: Vec<&NetworkInput> = networks.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     let prepared: Vec<Prepared> = sorted.into_iter().map(Prepared::new).collect();
-    plan_prepared(node, &prepared)
+    plan_prepared(node, &prepared, Pools::Planned)
 }
 
-fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
+fn plan_prepared(node: &NodeInput, networks: &[Prepared], pools: Pools) -> NodePlan {
     let selected: Vec<&Prepared> = networks
         .iter()
         .filter(|n| n.selects(&node.labels))
@@ -307,6 +327,10 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared]) -> NodePlan {
         pfs: configs,
         soft_devices,
     };
+    if pools == Pools::Skipped {
+        plan.desired = Desired::Spec(spec);
+        return plan;
+    }
     let memlock: BTreeMap<&str, Option<&str>> = selected
         .iter()
         .map(|n| (n.name, n.spec.memlock.as_deref()))
@@ -708,6 +732,31 @@ pub(crate) mod tests {
             .map(|p| p.resource_name)
             .collect();
         assert_eq!(pools, ["rdma/fast"]);
+    }
+
+    #[test]
+    fn a_plan_without_pools_differs_only_in_the_pools() {
+        let nets = [
+            net("fast", &["ens1f0#0-3"], 8),
+            net("bulk", &["ens1f0#4-7"], 8),
+        ];
+        let nodes = [node("n1", &[]), node("n2", &[])];
+        let full = plan_cluster(&nodes, &nets);
+        let lean = plan_cluster_without_pools(&nodes, &nets);
+        assert!(full.nodes.iter().all(|n| n.device_plugin.is_some()));
+        assert!(lean.nodes.iter().all(|n| n.device_plugin.is_none()));
+        let without = |p: &ClusterPlan| {
+            p.nodes
+                .iter()
+                .cloned()
+                .map(|mut n| {
+                    n.device_plugin = None;
+                    n
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(without(&full), lean.nodes);
+        assert_eq!(full.invalid, lean.invalid);
     }
 
     #[test]

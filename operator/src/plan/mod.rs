@@ -12,6 +12,7 @@ pub mod validate;
 
 pub use device_plugin::{DevicePluginConfig, Pool, Selectors};
 pub use merge::{
-    ClusterPlan, Conflict, NetworkInput, NodeInput, NodePlan, plan_cluster, plan_node,
+    ClusterPlan, Conflict, NetworkInput, NodeInput, NodePlan, plan_cluster,
+    plan_cluster_without_pools, plan_node,
 };
 pub use validate::{FieldError, validate_network};
