@@ -45,13 +45,10 @@ pub(crate) fn record(e: &NetworkAdmission) -> NodeAdmission {
     e.state.clone()
 }
 
-/// `phase` of an entry whose node is in a test run.
-pub(crate) const TESTING_PHASE: &str = "Testing";
-
 pub(crate) fn phase_name(p: &AdmissionPhase) -> &'static str {
     match p {
         AdmissionPhase::Pending => "Pending",
-        AdmissionPhase::Testing { .. } => TESTING_PHASE,
+        AdmissionPhase::Testing { .. } => "Testing",
         AdmissionPhase::Admitted { .. } => "Admitted",
         AdmissionPhase::Failed { .. } => "Failed",
     }

@@ -44,7 +44,7 @@ use kroce_admission::lifecycle::{
     TestRun,
 };
 use kroce_admission::pod_run::{self, Role};
-use kroce_operator::crd::admission::{NetworkAdmission, rfc3339};
+use kroce_operator::crd::admission::rfc3339;
 use kroce_operator::crd::{AdmissionGate, AdmissionSpec, RdmaNetwork};
 use kroce_operator::names::{ADMISSION_NETWORK_LABEL, ADMISSION_ROLE_LABEL, ADMISSION_RUN_LABEL};
 use kroce_operator::plan::ClusterPlan;
@@ -142,14 +142,6 @@ async fn outcome(
     None
 }
 
-/// The state machine's record when the entry says Testing (most entries
-/// do not: reading the phase name first spares parsing every record).
-fn testing(e: &NetworkAdmission) -> Option<NodeAdmission> {
-    (e.phase == marks::TESTING_PHASE)
-        .then(|| record(e))
-        .filter(|r| matches!(r.phase, AdmissionPhase::Testing { .. }))
-}
-
 /// What one network's part of a pass came to.
 enum Pass {
     /// Look again after this long.
@@ -186,14 +178,14 @@ async fn run_network(
     let mut elsewhere = BTreeSet::new();
     let mut here = BTreeSet::new();
     for e in entries.all() {
-        if let Some(AdmissionPhase::Testing { run, .. }) = testing(e).map(|r| r.phase) {
+        if let AdmissionPhase::Testing { run, .. } = &e.state.phase {
             let set = if e.network == name {
                 &mut here
             } else {
                 &mut elsewhere
             };
-            set.insert(run.server_node);
-            set.insert(run.client_node);
+            set.insert(run.server_node.clone());
+            set.insert(run.client_node.clone());
         }
     }
     let mut views = Vec::new();
@@ -246,7 +238,7 @@ async fn run_network(
     let testing_elsewhere = entries
         .all()
         .filter(|e| e.network != name)
-        .filter(|e| testing(e).is_some())
+        .filter(|e| matches!(e.state.phase, AdmissionPhase::Testing { .. }))
         .count() as u32;
     let before: BTreeMap<String, NodeAdmission> = views
         .iter()
@@ -528,11 +520,12 @@ mod tests {
 
     #[test]
     fn marks_need_every_selecting_network() {
-        let adm = |network: &str, schedulable: bool| NetworkAdmission {
-            network: network.into(),
-            schedulable,
-            ..Default::default()
-        };
+        let adm =
+            |network: &str, schedulable: bool| kroce_operator::crd::admission::NetworkAdmission {
+                network: network.into(),
+                schedulable,
+                ..Default::default()
+            };
         let gates = BTreeMap::from([
             ("a".to_string(), AdmissionGate::Taint),
             ("b".to_string(), AdmissionGate::Label),
