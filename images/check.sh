@@ -7,8 +7,20 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tag=ci
-"$here/make-base.sh" localhost/kroce-base:bookworm
-BASE=localhost/kroce-base:bookworm PROFILE=${PROFILE:-debug} SKIP_CARGO=${SKIP_CARGO:-1} \
+base=localhost/kroce-base:bookworm
+# Leaves podman's storage as it found it (a gigabyte of layers otherwise
+# sits on a CI disk through the test run): removes the images it built, and
+# the base if it made it. KROCE_KEEP_IMAGES=1 keeps them for a look.
+made=("kroce-operator:$tag" "kroce-node:$tag" "kroce-perftest:$tag")
+podman image exists "$base" || made+=("$base")
+# shellcheck disable=SC2317 # run by the trap
+cleanup() {
+  [ "${KROCE_KEEP_IMAGES:-0}" = 1 ] && return 0
+  podman rmi -f "${made[@]}" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+"$here/make-base.sh" "$base"
+BASE=$base PROFILE=${PROFILE:-debug} SKIP_CARGO=${SKIP_CARGO:-1} \
   "$here/build.sh" "$tag"
 
 fail=0
