@@ -68,7 +68,7 @@ unpack() {
     return 1
   fi
   for deb in "$dest.tmp/debs/"*.deb; do
-    dpkg -x "$deb" "$dest.tmp"
+    dpkg -x "$deb" "$dest.tmp" && rm "$deb"
   done
   rm -rf "$dest.tmp/debs" "$dest"
   mv "$dest.tmp" "$dest"
@@ -105,8 +105,12 @@ if [ ! -x "$ae_bin" ]; then
     echo "real-peers: WARNING: pinned apiextensions sources unavailable; using Debian unstable's current versions (regenerate ci/apiextensions-packages.txt)" >&2
     unpack "$ae_src" "${ae_pkgs[@]%%=*}"
   }
+  # A build reads neither tests nor their data: 0.5 of the 2 GB.
+  find "$ae_src" -name '*_test.go' -delete
+  find "$ae_src" -depth -type d -name testdata -exec rm -rf {} +
   echo "apiextensions-apiserver sources: $(($(date +%s) - start)) s" >&2
   start=$(date +%s)
+  # No DWARF: halves the build cache (2.3 -> 1.2 GB) on a disk CI shares.
   gocache=$(mktemp -d)
   mkdir -p "$(dirname "$ae_bin")"
   # nice: CI machines are shared with other builds.
@@ -115,6 +119,7 @@ if [ ! -x "$ae_bin" ]; then
       GOPATH="$ae_src/usr/share/gocode" GOFLAGS= GOEXPERIMENT=nojsonv2 \
       GOTOOLCHAIN=local GOPROXY=off GOCACHE="$gocache" \
       nice "$cache/go-$GO_VERSION/usr/lib/go-1.27/bin/go" build \
+      -gcflags=all=-dwarf=false -ldflags=-w \
       -o "$ae_bin.tmp" k8s.io/apiextensions-apiserver >&2)
   rm -rf "$gocache"
   mv "$ae_bin.tmp" "$ae_bin"

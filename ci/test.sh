@@ -26,16 +26,25 @@ printf '%s\n' "$setup_env"
 step "format"
 cargo fmt --all --check
 
-step "clippy (all targets, warnings are errors)"
-cargo clippy --workspace --all-targets --all-features -- -D warnings
+# KROCE_PRUNE=1 (.ci/run sets it): what a later step no longer needs is
+# removed as soon as it is done with: clippy's metadata builds (own target
+# dir) and the release build, once its binaries are copied out. A CI
+# machine's disk is shared; a developer's target dir is kept whole.
+prune=${KROCE_PRUNE:-0}
+clippy_target=$target_dir
+[ "$prune" = 1 ] && clippy_target=$target_dir/clippy
+
+step "clippy (all targets, warnings are errors; the shipped binaries without features)"
+CARGO_TARGET_DIR=$clippy_target cargo clippy --workspace --all-targets --all-features -- -D warnings
+CARGO_TARGET_DIR=$clippy_target cargo clippy --workspace --bins -- -D warnings
+[ "$prune" = 1 ] && rm -rf "$clippy_target"
 
 step "build binaries"
 cargo build --workspace --all-features --bins
 
 # What the images ship: release profile, default features. The end-to-end
 # tests run these (KROCE_BIN_DIR), not the test-feature builds.
-step "clippy and build of the shipped binaries (release, default features)"
-cargo clippy --workspace --bins -- -D warnings
+step "build of the shipped binaries (release, default features)"
 cargo build --workspace --release --bins
 export KROCE_BIN_DIR=$target_dir/release
 
@@ -51,6 +60,15 @@ if [ "${KROCE_SKIP_IMAGES:-0}" != 1 ]; then
   # The release binaries, as the images ship; the images are removed after
   # the check (KROCE_KEEP_IMAGES=1 keeps them).
   PROFILE=release images/check.sh
+fi
+
+if [ "$prune" = 1 ]; then
+  step "release build: keep the binaries, drop the rest"
+  mkdir -p "$target_dir/shipped"
+  find "$target_dir/release" -maxdepth 1 -type f -perm -u+x -exec cp {} "$target_dir/shipped/" \;
+  rm -rf "$target_dir/release"
+  export KROCE_BIN_DIR=$target_dir/shipped
+  ls "$KROCE_BIN_DIR"
 fi
 
 step "cargo test (workspace)"
