@@ -106,7 +106,7 @@ def check_dra(objs, a, errors, who_can):
     classes = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
     slice_writers = {s for verb in ("create", "update", "patch", "delete")
                      for s, _ in who_can("resource.k8s.io", "resourceslices", verb)}
-    op_dc = [v for v in ("get", "create", "patch", "delete")
+    op_dc = [v for v in ("get", "list", "watch", "create", "patch", "delete")
              if not any(s.endswith("-operator") for s, _ in who_can("resource.k8s.io", "deviceclasses", v))]
     if op_dc:
         errors.append(f"the operator may not {op_dc} deviceclasses (frontend: dra networks)")

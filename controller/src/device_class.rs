@@ -64,7 +64,21 @@ pub(crate) async fn sync(
     let name = net.name_any();
     let api: Api<DeviceClass> = Api::all(ctx.client.clone());
     let mut out = ClassOutcome::default();
-    let existing = match api.get_opt(&name).await {
+    // The watch holds kroce's classes: a network's own class needs no GET,
+    // and a network outside DRA with none there has nothing to delete. Only
+    // a DRA network whose class is not (yet) in the store asks the API:
+    // there may be a class of that name that is not ours.
+    let watched = ctx.stores.device_class(&name);
+    let stored = watched
+        .as_ref()
+        .and_then(|c| c.as_ref())
+        .filter(|dc| is_ours(dc, &name));
+    let existing = match (stored, watched.is_some()) {
+        (Some(dc), _) => Ok(Some(DeviceClass::clone(dc))),
+        (None, true) if !keep => return Ok(out),
+        _ => api.get_opt(&name).await,
+    };
+    let existing = match existing {
         Ok(e) => e,
         // Nothing serves resource.k8s.io/v1 (Kubernetes before 1.34).
         Err(e) if not_served(&e) => {

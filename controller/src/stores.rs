@@ -4,6 +4,7 @@
 
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kroce_operator::crd::{RdmaNetwork, RdmaNodeState};
 use kroce_operator::names::NETWORK_LABEL;
 use kroce_operator::plan::nad::NetworkAttachmentDefinition;
@@ -32,6 +33,9 @@ pub struct Stores {
     /// Never ready where the kind is not served (no Multus): readers then
     /// ask the API, which says so.
     pub nads: Store<NetworkAttachmentDefinition>,
+    /// Only kroce's DeviceClasses (labelled with their network). Never
+    /// ready where resource.k8s.io/v1 is not served (before 1.34).
+    pub device_classes: Store<DeviceClass>,
     /// Kinds whose watch has failed at least once (see [`Stores::ready`]).
     failed: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -62,6 +66,7 @@ impl Stores {
                 ("ConfigMap", Self::ready_now(&self.configmaps)),
                 ("Pod", Self::ready_now(&self.test_pods)),
                 ("NetworkAttachmentDefinition", Self::ready_now(&self.nads)),
+                ("DeviceClass", Self::ready_now(&self.device_classes)),
             ] {
                 match ready {
                     Some(Ok(())) => {}
@@ -133,6 +138,19 @@ impl Stores {
                     .into_iter()
                     .filter(|n| n.labels().get(NETWORK_LABEL).map(String::as_str) == Some(network))
                     .collect(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The DeviceClass named `name` if it is kroce's, once the watch has
+    /// listed (outer None before, or where the kind is not served). A
+    /// class of that name that is not kroce's is not in the store.
+    pub fn device_class(&self, name: &str) -> Option<Option<Arc<DeviceClass>>> {
+        match Self::ready_now(&self.device_classes) {
+            Some(Ok(())) => Some(
+                self.device_classes
+                    .get(&reflector::ObjectRef::<DeviceClass>::new(name)),
             ),
             _ => None,
         }
@@ -238,6 +256,7 @@ pub fn start(
     let (configmaps, configmaps_w) = reflector::store_shared::<ConfigMap>(SUBSCRIBE_BUFFER);
     let (test_pods, pods_w) = reflector::store_shared::<Pod>(SUBSCRIBE_BUFFER);
     let (nads, nads_w) = reflector::store_shared::<NetworkAttachmentDefinition>(SUBSCRIBE_BUFFER);
+    let (device_classes, classes_w) = reflector::store::<DeviceClass>();
     let sub = |what: &'static str| StoreError { what };
     let nodes_sub = nodes_w.subscribe().ok_or_else(|| sub("nodes"))?;
     let networks_sub = [
@@ -258,8 +277,16 @@ pub fn start(
         strip_managed,
         failed.clone(),
     );
-    let driver = futures::future::join(
+    let classes_driver = drive(
+        Api::<DeviceClass>::all(client.clone()),
+        any().labels(NETWORK_LABEL),
+        classes_w,
+        strip_managed,
+        failed.clone(),
+    );
+    let driver = futures::future::join3(
         nads_driver,
+        classes_driver,
         futures::future::join5(
             drive(
                 Api::<Node>::all(client.clone()),
@@ -308,6 +335,7 @@ pub fn start(
             configmaps,
             test_pods,
             nads,
+            device_classes,
             failed,
         },
         nodes: nodes_sub,
@@ -369,9 +397,13 @@ pub fn from_objects(
     configmaps: Vec<ConfigMap>,
     test_pods: Vec<Pod>,
     nads: Option<Vec<NetworkAttachmentDefinition>>,
+    device_classes: Option<Vec<DeviceClass>>,
 ) -> Stores {
     // None: the kind is not served, as a watch that fails and never lists.
-    let failed = nads.is_none().then_some("NetworkAttachmentDefinition");
+    let failed = [
+        nads.is_none().then_some("NetworkAttachmentDefinition"),
+        device_classes.is_none().then_some("DeviceClass"),
+    ];
     fn never_listed<K>() -> Store<K>
     where
         K: Resource + Clone + 'static,
@@ -407,6 +439,12 @@ pub fn from_objects(
             Some(n) => fill(n, strip_managed),
             None => never_listed(),
         },
-        failed: Arc::new(Mutex::new(failed.into_iter().map(str::to_string).collect())),
+        device_classes: match device_classes {
+            Some(d) => fill(d, strip_managed),
+            None => never_listed(),
+        },
+        failed: Arc::new(Mutex::new(
+            failed.into_iter().flatten().map(str::to_string).collect(),
+        )),
     }
 }

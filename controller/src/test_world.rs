@@ -3,7 +3,10 @@
 
 use crate::Context;
 use crate::stores::{Stores, from_objects};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kroce_operator::names::NETWORK_LABEL;
 use kroce_operator::testing::mock::ApiServer;
+use kube::ResourceExt;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
@@ -15,6 +18,10 @@ fn all<K: DeserializeOwned>(server: &ApiServer, prefix: &str, plural: &str) -> V
         .collect()
 }
 
+fn served_not(server: &ApiServer, plural: &str) -> bool {
+    server.unserved.lock().is_ok_and(|u| u.contains(plural))
+}
+
 /// What the shared watches would hold now.
 pub fn snapshot(server: &ApiServer) -> Stores {
     from_objects(
@@ -24,16 +31,19 @@ pub fn snapshot(server: &ApiServer) -> Stores {
         all(server, "/api/v1", "configmaps"),
         all(server, "/api/v1", "pods"),
         // As a watch would see it: never listed where the kind is not served.
-        (!server
-            .unserved
-            .lock()
-            .is_ok_and(|u| u.contains("network-attachment-definitions")))
-        .then(|| {
+        (!served_not(server, "network-attachment-definitions")).then(|| {
             all(
                 server,
                 "/apis/k8s.cni.cncf.io/v1",
                 "network-attachment-definitions",
             )
+        }),
+        // The watch selects kroce's classes by label.
+        (!served_not(server, "deviceclasses")).then(|| {
+            all::<DeviceClass>(server, "/apis/resource.k8s.io/v1", "deviceclasses")
+                .into_iter()
+                .filter(|c| c.labels().contains_key(NETWORK_LABEL))
+                .collect()
         }),
     )
 }

@@ -896,6 +896,15 @@ async fn dra_network_gets_a_device_class_instead_of_a_pool_and_attachment_defini
         .cloned()
         .collect();
     assert!(writes.is_empty(), "{writes:?}");
+    // Nor does any reconcile ask the API for a class: the watch holds
+    // fast's, and bulk (no DRA) has none to delete.
+    reconcile_named(&ctx, &server, "bulk").await;
+    let asked: Vec<String> = server.requests()[before..]
+        .iter()
+        .filter(|r| r.contains("/deviceclasses"))
+        .cloned()
+        .collect();
+    assert!(asked.is_empty(), "{asked:?}");
 
     // A spec change reaches the class.
     server.edit(KROCE, "rdmanetworks", "", "fast", |o| {

@@ -632,6 +632,7 @@ async fn the_controllers_reconcile_writes_node_states_nads_and_status_to_the_rea
                 vec![],
                 // Not watched here: the controller asks the server.
                 None,
+                None,
             ),
         ))
     };
