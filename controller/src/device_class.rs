@@ -68,14 +68,9 @@ pub(crate) async fn sync(
     // and a network outside DRA with none there has nothing to delete. Only
     // a DRA network whose class is not (yet) in the store asks the API:
     // there may be a class of that name that is not ours.
-    let watched = ctx.stores.device_class(&name);
-    let stored = watched
-        .as_ref()
-        .and_then(|c| c.as_ref())
-        .filter(|dc| is_ours(dc, &name));
-    let existing = match (stored, watched.is_some()) {
-        (Some(dc), _) => Ok(Some(DeviceClass::clone(dc))),
-        (None, true) if !keep => return Ok(out),
+    let existing = match ctx.stores.device_class(&name) {
+        Some(Some(dc)) if is_ours(&dc, &name) => Ok(Some(DeviceClass::clone(&dc))),
+        Some(_) if !keep => return Ok(out),
         _ => api.get_opt(&name).await,
     };
     let existing = match existing {

@@ -18,7 +18,7 @@ fn all<K: DeserializeOwned>(server: &ApiServer, prefix: &str, plural: &str) -> V
         .collect()
 }
 
-fn served_not(server: &ApiServer, plural: &str) -> bool {
+fn unserved(server: &ApiServer, plural: &str) -> bool {
     server.unserved.lock().is_ok_and(|u| u.contains(plural))
 }
 
@@ -31,7 +31,7 @@ pub fn snapshot(server: &ApiServer) -> Stores {
         all(server, "/api/v1", "configmaps"),
         all(server, "/api/v1", "pods"),
         // As a watch would see it: never listed where the kind is not served.
-        (!served_not(server, "network-attachment-definitions")).then(|| {
+        (!unserved(server, "network-attachment-definitions")).then(|| {
             all(
                 server,
                 "/apis/k8s.cni.cncf.io/v1",
@@ -39,7 +39,7 @@ pub fn snapshot(server: &ApiServer) -> Stores {
             )
         }),
         // The watch selects kroce's classes by label.
-        (!served_not(server, "deviceclasses")).then(|| {
+        (!unserved(server, "deviceclasses")).then(|| {
             all::<DeviceClass>(server, "/apis/resource.k8s.io/v1", "deviceclasses")
                 .into_iter()
                 .filter(|c| c.labels().contains_key(NETWORK_LABEL))
