@@ -329,6 +329,19 @@ async fn test_pods_request_the_resource_whole_cpus_and_run_the_pinning_runner() 
     assert_eq!(res["requests"], res["limits"], "Guaranteed QoS");
     assert_eq!(res["limits"]["rdma/vf"], "1");
     assert_eq!(res["limits"]["cpu"], "2", "whole CPUs");
+    // Issue 24 item 13: RuntimeDefault seccomp, every capability dropped
+    // but IPC_LOCK, no privilege escalation.
+    let sc = &ctr["securityContext"];
+    assert_eq!(
+        sc["capabilities"],
+        json!({"drop": ["ALL"], "add": ["IPC_LOCK"]})
+    );
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(
+        server["spec"]["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
     let cmd = strs(&ctr["command"]);
     assert_eq!(cmd[..2], ["kroce-perftest-run", "server"]);
     let joined = cmd.join(" ");
@@ -700,4 +713,250 @@ async fn another_networks_pass_leaves_a_running_test_alone() {
     );
     assert_eq!(c.entry("n1")["phase"], "Testing");
     assert!(c.entry("n1").to_string().contains(&run), "still run {run}");
+}
+
+impl Cluster {
+    /// One reconcile of network `name` and a node pass.
+    async fn reconcile_network(&self, name: &str) {
+        let v = self.server.get(KROCE, "rdmanetworks", "", name).unwrap();
+        let net: RdmaNetwork = serde_json::from_value(v).unwrap();
+        reconcile(Arc::new(net), fresh(&self.ctx, &self.server))
+            .await
+            .unwrap();
+        node_pass(&self.ctx, &self.server).await;
+    }
+
+    fn label(&self, n: &str) -> Option<Value> {
+        self.server.get(CORE, "nodes", "", n).unwrap()["metadata"]["labels"]
+            .get("kroce.io/rdma-ready")
+            .cloned()
+    }
+
+    fn condition(&self, network: &str, type_: &str) -> Value {
+        let v = self.server.get(KROCE, "rdmanetworks", "", network).unwrap();
+        v["status"]["conditions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["type"] == type_).cloned())
+            .unwrap_or_else(|| panic!("no {type_} on {network}: {}", v["status"]))
+    }
+}
+
+/// Issue 24 item 8: a second network on the same PF and resource is the
+/// one in conflict; the admitted network keeps its node (label, no taint,
+/// Ready) and only the newcomer is Degraded.
+#[tokio::test]
+async fn a_conflicting_newcomer_never_takes_the_node_from_an_admitted_network() {
+    let c = cluster(json!({"enabled": false, "gate": "label"}));
+    c.reconcile().await;
+    c.reconcile().await;
+    c.agents_synced();
+    c.reconcile().await;
+    assert_eq!(c.label("n1"), Some(json!("true")));
+    let spec_before = c.state("n1").spec;
+    // Same PF, same resource, overlapping VFs, the default gate (taint).
+    c.server.insert(
+        KROCE,
+        "rdmanetworks",
+        json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+               "metadata": {"name": "second"},
+               "spec": {"nodeSelector": {"rdma": "yes"},
+                        "nicSelector": {"pfNames": ["ens1f0#0-3"]},
+                        "numVfs": 8, "resourceName": "vf"}}),
+    );
+    for _ in 0..2 {
+        c.reconcile_network("second").await;
+    }
+    c.reconcile().await;
+    for n in ["n1", "n2"] {
+        assert_eq!(c.label(n), Some(json!("true")), "{n} lost its label");
+        assert!(!c.tainted(n), "{n} tainted by a network in conflict");
+    }
+    assert_eq!(c.state("n1").spec, spec_before, "last good state kept");
+    let d = c.condition("second", "Degraded");
+    assert_eq!(d["status"], "True");
+    assert_eq!(d["reason"], "Conflict");
+    assert_eq!(c.condition("fast", "Degraded")["status"], "False");
+    assert_eq!(c.condition("fast", "Ready")["status"], "True");
+    assert!(
+        !c.event_reasons().iter().any(|r| r == "RdmaUnready"),
+        "{:?}",
+        c.event_reasons()
+    );
+}
+
+/// Issue 24 item 11: switching the gate from taint to label on a node that
+/// is still Pending removes the taint saying so, not "admitted".
+#[tokio::test]
+async fn a_gate_change_is_not_reported_as_an_admission() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    c.reconcile().await;
+    c.reconcile().await;
+    assert!(c.tainted("n1"));
+    assert_eq!(c.entry("n1")["phase"], "Pending");
+    c.server.edit(KROCE, "rdmanetworks", "", "fast", |o| {
+        o["spec"]["admission"]["gate"] = "label".into();
+        o["metadata"]["generation"] = 2.into();
+    });
+    c.reconcile().await;
+    assert!(!c.tainted("n1"));
+    assert_eq!(c.label("n1"), None, "not admitted: no label");
+    let events = c.server.list(EVENTS, "events");
+    let gate: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["reason"] == "RdmaGateChanged")
+        .collect();
+    assert!(
+        !events.iter().any(|e| e["reason"] == "RdmaReady"),
+        "{events:?}"
+    );
+    assert_eq!(gate.len(), 2, "one per node: {events:?}");
+    let note = gate[0]["note"].as_str().unwrap();
+    assert!(
+        note.contains("gate changed") && note.contains("not admitted by fast"),
+        "{note}"
+    );
+}
+
+fn event_notes(c: &Cluster, reason: &str) -> Vec<String> {
+    c.server
+        .list(EVENTS, "events")
+        .iter()
+        .filter(|e| e["reason"] == reason)
+        .map(|e| e["note"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Issue 24 item 9: a test pod whose image cannot be pulled fails the run
+/// at once, naming the pod and the reason, instead of at the timeout.
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_fails_the_run_at_once() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    let (server, _) = c.to_server_pod().await;
+    c.set_pod(&server, |p| {
+        p["spec"]["nodeName"] = "n1".into();
+        p["status"] = json!({"phase": "Pending", "containerStatuses": [{
+            "name": "perftest", "image": "registry.example/kroce-perftest:1", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ErrImagePull",
+                                  "message": "failed to pull: not found"}}}]});
+    });
+    c.clock.store(T0 + 5, Ordering::SeqCst);
+    c.reconcile().await;
+    for n in ["n1", "n2"] {
+        let e = c.entry(n);
+        assert_eq!(e["phase"], "Failed", "{e}");
+        let msg = e["conditions"][0]["message"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("server pod {server} on node n1"))
+                && msg.contains("ErrImagePull")
+                && msg.contains("failed to pull: not found")
+                && msg.contains("registry.example/kroce-perftest:1"),
+            "{msg}"
+        );
+        assert!(c.tainted(n));
+    }
+    assert!(c.pods().is_empty(), "pods left: {:?}", c.pods());
+    let notes = event_notes(&c, "AdmissionFailed");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("ErrImagePull") && n.contains(&server)),
+        "{notes:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unschedulable_test_pod_fails_the_run_after_a_short_grace() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    let (server, _) = c.to_server_pod().await;
+    c.set_pod(&server, |p| {
+        p["status"] = json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "message": "0/3 nodes are available: 1 Insufficient rdma/vf."}]});
+    });
+    c.clock.store(T0 + 10, Ordering::SeqCst);
+    c.reconcile().await;
+    assert_eq!(c.entry("n1")["phase"], "Testing", "within the grace");
+    c.clock.store(T0 + 30, Ordering::SeqCst);
+    c.reconcile().await;
+    let e = c.entry("n1");
+    assert_eq!(e["phase"], "Failed");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("server pod {server} cannot be scheduled"))
+            && msg.contains("Insufficient rdma/vf"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_without_the_test_attachment_fails_the_run_naming_multus() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    let (server, _) = c.to_server_pod().await;
+    c.set_pod(&server, |p| p["status"] = json!({"phase": "Running"}));
+    c.reconcile().await;
+    let msg = c.entry("n2")["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains(&server) && msg.contains("Multus") && msg.contains("kroce-admission-fast"),
+        "{msg}"
+    );
+    assert!(c.pods().is_empty());
+}
+
+#[tokio::test]
+async fn a_missing_attachment_definition_crd_fails_the_run_at_once() {
+    let c = cluster(json!({"minBandwidthGbps": 90}));
+    c.reconcile().await;
+    c.reconcile().await;
+    c.agents_synced();
+    c.server
+        .unserved
+        .lock()
+        .unwrap()
+        .insert("network-attachment-definitions".to_string());
+    c.reconcile().await;
+    assert!(c.pods().is_empty(), "no pod without its attachment");
+    assert_eq!(c.entry("n1")["phase"], "Testing");
+    c.clock.store(T0 + 5, Ordering::SeqCst);
+    c.reconcile().await;
+    let msg = c.entry("n1")["message"].as_str().unwrap().to_string();
+    assert_eq!(c.entry("n1")["phase"], "Failed", "{msg}");
+    assert!(
+        msg.contains("kroce-admission-fast") && msg.contains("install Multus"),
+        "{msg}"
+    );
+}
+
+/// Issue 24 item 9: a network selecting one node says admission cannot
+/// run (no peer) and what holds the node, instead of Ready 1/1.
+#[tokio::test]
+async fn a_single_selected_node_says_admission_cannot_run() {
+    let c = cluster(json!({"minBandwidthGbps": 90, "gate": "label"}));
+    c.server.edit(CORE, "nodes", "", "n2", |o| {
+        o["metadata"]["labels"] = json!({});
+    });
+    c.reconcile().await;
+    c.reconcile().await;
+    c.agents_synced();
+    c.reconcile().await;
+    assert_eq!(c.entry("n1")["phase"], "Pending");
+    let blocked = c.condition("fast", "AdmissionBlocked");
+    assert_eq!(blocked["status"], "True", "{blocked}");
+    let msg = blocked["message"].as_str().unwrap();
+    assert!(
+        msg.contains("only node n1")
+            && msg.contains("gate: label")
+            && msg.contains("kroce.io/rdma-ready=true"),
+        "{msg}"
+    );
+    let ready = c.condition("fast", "Ready");
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "AdmissionBlocked");
+    // A second node lifts it.
+    c.server.edit(CORE, "nodes", "", "n2", |o| {
+        o["metadata"]["labels"] = json!({"rdma": "yes"});
+    });
+    c.reconcile().await;
+    assert_eq!(c.condition("fast", "AdmissionBlocked")["status"], "False");
 }

@@ -257,6 +257,44 @@ pub fn nodes_of_network(
 }
 
 /// Whether a node state spec has VFs or soft devices of `network`.
+/// Whether `network` is to blame for `conflict`: a conflict must never
+/// change what an admitted network already has, so when the node's current
+/// spec carries some of the conflict's networks and not others, only those
+/// it does not carry (the newcomers) are. When it carries all or none of
+/// them (both new, or an edit made two running networks clash), all are.
+pub fn blamed(
+    conflict: &kroce_operator::plan::merge::Conflict,
+    current: Option<&RdmaNodeStateSpec>,
+    network: &str,
+) -> bool {
+    if !conflict.networks.iter().any(|n| n == network) {
+        return false;
+    }
+    let carried = |n: &str| current.is_some_and(|s| carries(s, n));
+    let held = conflict.networks.iter().filter(|n| carried(n)).count();
+    held == 0 || held == conflict.networks.len() || !carried(network)
+}
+
+/// The networks whose admission decides a node's taint or label. A node in
+/// conflict keeps its last good state, marks included: only the networks
+/// its current spec carries count (a newcomer that cannot be applied must
+/// not take the node away from the networks already on it); `None` when
+/// it carries none (the marks stay as they are).
+pub fn gating_networks<'a>(
+    plan: &'a NodePlan,
+    current: Option<&RdmaNodeStateSpec>,
+) -> Option<Vec<&'a String>> {
+    if plan.desired != Desired::KeepLastGood {
+        return Some(plan.selected.iter().collect());
+    }
+    let carried: Vec<&String> = plan
+        .selected
+        .iter()
+        .filter(|n| current.is_some_and(|s| carries(s, n)))
+        .collect();
+    (!carried.is_empty()).then_some(carried)
+}
+
 pub fn carries(spec: &RdmaNodeStateSpec, network: &str) -> bool {
     spec.pfs
         .iter()

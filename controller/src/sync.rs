@@ -359,6 +359,56 @@ fn crd_missing_retry(previous: Option<&RdmaNetworkStatus>, now: &str) -> Duratio
     elapsed.clamp(Duration::from_secs(15), Duration::from_secs(300))
 }
 
+/// Condition type (and `Ready` reason) when admission tests cannot run.
+pub(crate) const ADMISSION_BLOCKED: &str = "AdmissionBlocked";
+
+/// Why perftest admission can never run for `net`, when it cannot: testing
+/// is on, the network selects a single node (no peer to test against) and
+/// that node is not admitted. Says what the node's gate holds it at.
+fn admission_blocked(
+    net: &RdmaNetwork,
+    plan: &ClusterPlan,
+    states: &BTreeMap<String, std::sync::Arc<RdmaNodeState>>,
+) -> Option<String> {
+    let spec = kroce_operator::crd::AdmissionSpec::of(net.spec.admission.as_ref());
+    if !spec.enabled {
+        return None;
+    }
+    let name = net.name_any();
+    let mut selected = plan.nodes.iter().filter(|n| n.selected.contains(&name));
+    let (Some(only), None) = (selected.next(), selected.next()) else {
+        return None;
+    };
+    let admitted = states.get(&only.node).is_some_and(|s| {
+        crate::admission::marks::entries_of(s)
+            .iter()
+            .any(|e| e.network == name && e.schedulable)
+    });
+    if admitted {
+        return None;
+    }
+    let gate = match spec.gate {
+        kroce_operator::crd::AdmissionGate::Taint => format!(
+            "it keeps taint {}:NoSchedule",
+            kroce_admission::lifecycle::UNREADY_TAINT_KEY
+        ),
+        kroce_operator::crd::AdmissionGate::Label => format!(
+            "it does not get label {}=true",
+            kroce_admission::lifecycle::READY_LABEL_KEY
+        ),
+    };
+    Some(format!(
+        "admission cannot run: perftests need a peer and nodeSelector selects only node {} \
+         (gate: {}, so {gate} and serves no RDMA pods); select a second node, or set \
+         spec.admission.enabled: false",
+        only.node,
+        match spec.gate {
+            kroce_operator::crd::AdmissionGate::Taint => "taint",
+            kroce_operator::crd::AdmissionGate::Label => "label",
+        }
+    ))
+}
+
 /// The network's status from the plan and the node states.
 pub(crate) fn network_status(
     net: &RdmaNetwork,
@@ -386,8 +436,11 @@ pub(crate) fn network_status(
             })
         })
         .count() as u32;
+    // Only the conflicts this network is to blame for: a network already
+    // running on the node stays Ready while a newcomer clashes with it.
     let conflicts: Vec<String> = plan
         .conflicts_of(&name)
+        .filter(|c| crate::node::blamed(c, states.get(&c.node).map(|s| &s.spec), &name))
         .map(|c| c.message.clone())
         .collect();
     let invalid = plan.invalid.get(&name);
@@ -401,7 +454,7 @@ pub(crate) fn network_status(
             true,
             "Conflict",
             format!(
-                "{} (affected nodes keep their last good state)",
+                "{} (the nodes keep their last good state: the networks already on them are untouched)",
                 conflicts.join("; ")
             ),
         )
@@ -410,6 +463,7 @@ pub(crate) fn network_status(
     };
     let matched_n = matched.len() as u32;
     let is_degraded = degraded.is_true();
+    let blocked = admission_blocked(net, plan, states);
     conditions.push(if is_degraded {
         Condition::new(
             "Ready",
@@ -418,11 +472,33 @@ pub(crate) fn network_status(
             degraded.message.clone(),
         )
     } else if matched_n == 0 {
+        let selected = plan
+            .nodes
+            .iter()
+            .filter(|n| n.selected.contains(&name))
+            .count();
+        // Say which selector came up empty: the nodes' labels or their NICs.
+        let message = if selected == 0 {
+            let labels: Vec<String> = net
+                .spec
+                .node_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            format!("nodeSelector {{{}}} matches no node", labels.join(", "))
+        } else {
+            format!(
+                "none of the {selected} nodes nodeSelector selects has a PF that nicSelector \
+                 matches (or their agents have not reported yet)"
+            )
+        };
+        Condition::new("Ready", false, "NoMatchingNodes", message)
+    } else if let Some(why) = &blocked {
         Condition::new(
             "Ready",
             false,
-            "NoMatchingNodes",
-            "no node has a PF that nicSelector matches (or no agent has reported yet)",
+            ADMISSION_BLOCKED,
+            format!("{ready}/{matched_n} nodes configured; {why}"),
         )
     } else if ready == matched_n {
         Condition::new(
@@ -450,6 +526,10 @@ pub(crate) fn network_status(
         Condition::new("Progressing", false, "Settled", "")
     });
     conditions.push(degraded);
+    conditions.push(match blocked {
+        Some(why) => Condition::new(ADMISSION_BLOCKED, true, "NoPeer", why),
+        None => Condition::new(ADMISSION_BLOCKED, false, "NotBlocked", ""),
+    });
     for c in &mut conditions {
         c.observed_generation = net.metadata.generation;
     }
@@ -528,7 +608,7 @@ pub(crate) async fn apply(net: &RdmaNetwork, ctx: &Context) -> Result<Action, Er
     let degraded = status
         .conditions
         .iter()
-        .find(|c| c.type_ == "Degraded" && c.is_true())
+        .find(|c| (c.type_ == "Degraded" || c.type_ == ADMISSION_BLOCKED) && c.is_true())
         .cloned();
     let changed_status = patch_status(ctx, net, status).await?;
     for c in nads.changes.iter().chain(&class.changes) {

@@ -166,6 +166,84 @@ pub fn desired_marks(
     )
 }
 
+/// Why a node's marks change, for the event: an event must say what
+/// happened (a gate switched from taint to label is not an admission).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkWhy {
+    /// Every network deciding the node admits it.
+    Admitted,
+    /// Some network deciding the node has not admitted it (named).
+    NotAdmitted(Vec<String>),
+    /// No network selects the node any more.
+    Deselected,
+}
+
+impl MarkWhy {
+    pub fn of(gating: &[String], entries: &[NetworkAdmission]) -> MarkWhy {
+        if gating.is_empty() {
+            return MarkWhy::Deselected;
+        }
+        let waiting: Vec<String> = gating
+            .iter()
+            .filter(|n| !entries.iter().any(|e| e.network == **n && e.schedulable))
+            .cloned()
+            .collect();
+        if waiting.is_empty() {
+            MarkWhy::Admitted
+        } else {
+            MarkWhy::NotAdmitted(waiting)
+        }
+    }
+}
+
+/// (reason, note) of the event for a taint (`taint`) or label change to
+/// `wanted`.
+pub fn mark_event(taint: bool, wanted: bool, why: &MarkWhy) -> (&'static str, String) {
+    let what = if taint {
+        format!("taint {UNREADY_TAINT_KEY}:NoSchedule")
+    } else {
+        format!("label {READY_LABEL_KEY}=true")
+    };
+    let verb = if wanted { "added" } else { "removed" };
+    match (why, taint == wanted) {
+        // Tainted or unlabelled: the node does not serve RDMA pods.
+        (MarkWhy::NotAdmitted(nets), true) => (
+            "RdmaUnready",
+            format!(
+                "{verb} {what}: not admitted by RDMA network(s) {}",
+                nets.join(", ")
+            ),
+        ),
+        (MarkWhy::Admitted, false) => (
+            "RdmaReady",
+            format!("{verb} {what}: admitted by every RDMA network selecting it"),
+        ),
+        (MarkWhy::Deselected, _) => (
+            "RdmaDeselected",
+            format!("{verb} {what}: no RDMA network selects the node any more"),
+        ),
+        // The mark changed only because the gate changed: say so, and what
+        // the node's admission is.
+        (MarkWhy::NotAdmitted(nets), false) => (
+            "RdmaGateChanged",
+            format!(
+                "{verb} {what}: the admission gate changed (the networks selecting the node \
+                 now gate by {}); the node is still not admitted by {}, so it serves no RDMA pods",
+                if taint { "label" } else { "taint" },
+                nets.join(", ")
+            ),
+        ),
+        (MarkWhy::Admitted, true) => (
+            "RdmaGateChanged",
+            format!(
+                "{verb} {what}: the admission gate changed (the networks selecting the node \
+                 now gate by {}); the node stays admitted",
+                if taint { "label" } else { "taint" }
+            ),
+        ),
+    }
+}
+
 pub(crate) fn has_taint(node: &Node) -> bool {
     node.spec
         .as_ref()
@@ -196,15 +274,26 @@ pub(crate) async fn persist_and_mark(
         .iter()
         .map(|n| (n.node.as_str(), n.selected.as_slice()))
         .collect();
+    let plans: BTreeMap<&str, &kroce_operator::plan::NodePlan> =
+        plan.nodes.iter().map(|n| (n.node.as_str(), n)).collect();
     // Marks are decided now, from the entries as this pass leaves them,
     // and carried out once every record is written.
     let mut wanted = Vec::new();
     for node in &world.nodes {
         let name = node.name_any();
-        let sel = selected.get(name.as_str()).copied().unwrap_or(&[]);
-        let (want_taint, want_label) = desired_marks(sel, &world.gates, entries.of(&name));
+        let current = world.states.get(&name).map(|s| &s.spec);
+        let gating: Vec<String> = match plans.get(name.as_str()) {
+            None => Vec::new(),
+            Some(np) => match crate::node::gating_networks(np, current) {
+                Some(g) => g.into_iter().cloned().collect(),
+                // In conflict with nothing applied yet: marks stay.
+                None => continue,
+            },
+        };
+        let (want_taint, want_label) = desired_marks(&gating, &world.gates, entries.of(&name));
         if want_taint != has_taint(node) || want_label != has_label(node) {
-            wanted.push((&**node, want_taint, want_label));
+            let why = MarkWhy::of(&gating, entries.of(&name));
+            wanted.push((&**node, want_taint, want_label, why));
         }
     }
     let api: Api<RdmaNodeState> = Api::all(ctx.client.clone());
@@ -233,9 +322,9 @@ pub(crate) async fn persist_and_mark(
     let mut running = FuturesUnordered::new();
     loop {
         while running.len() < WRITES_IN_FLIGHT
-            && let Some((node, want_taint, want_label)) = wanted.next()
+            && let Some((node, want_taint, want_label, why)) = wanted.next()
         {
-            running.push(mark(ctx, &nodes_api, node, want_taint, want_label));
+            running.push(mark(ctx, &nodes_api, node, want_taint, want_label, why));
         }
         match running.next().await {
             Some(r) => errors.extend(r.err()),
@@ -326,6 +415,7 @@ async fn mark(
     node: &Node,
     want_taint: bool,
     want_label: bool,
+    why: MarkWhy,
 ) -> Result<(), Error> {
     let name = node.name_any();
     if want_taint != has_taint(node) {
@@ -349,21 +439,7 @@ async fn mark(
         nodes_api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        let (reason, note) = if want_taint {
-            (
-                "RdmaUnready",
-                format!(
-                    "tainted {UNREADY_TAINT_KEY}:NoSchedule: not every RDMA network has admitted the node"
-                ),
-            )
-        } else {
-            (
-                "RdmaReady",
-                format!(
-                    "removed taint {UNREADY_TAINT_KEY}: admitted by every RDMA network selecting it"
-                ),
-            )
-        };
+        let (reason, note) = mark_event(true, want_taint, &why);
         node_event_once(ctx, &name, EventType::Normal, reason, note).await;
     }
     if want_label != has_label(node) {
@@ -376,21 +452,7 @@ async fn mark(
         nodes_api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        let (reason, note) = if want_label {
-            (
-                "RdmaReady",
-                format!(
-                    "labelled {READY_LABEL_KEY}=true: admitted by every RDMA network selecting it"
-                ),
-            )
-        } else {
-            (
-                "RdmaUnready",
-                format!(
-                    "removed label {READY_LABEL_KEY}: not every RDMA network has admitted the node"
-                ),
-            )
-        };
+        let (reason, note) = mark_event(false, want_label, &why);
         node_event_once(ctx, &name, EventType::Normal, reason, note).await;
     }
     Ok(())

@@ -88,13 +88,22 @@ fn wake_after(nodes: &BTreeMap<String, NodeAdmission>, spec: &AdmissionSpec, now
 
 // ---------------------------------------------------------------------------
 // API edges.
-/// The outcome of a run from its pods, when it has one.
+/// The outcome of a run from its pods, when it has one: finished, failed,
+/// or stuck in a way waiting will not fix ([`broken_pod`]).
 async fn outcome(
     api: &Api<Pod>,
     spec: &AdmissionSpec,
     server: Option<&Pod>,
     client: Option<&Pod>,
+    (namespace, nad, now): (&str, &str, u64),
 ) -> Option<RunOutcome> {
+    for (pod, role) in [(server, Role::Server), (client, Role::Client)] {
+        if let Some(p) = pod
+            && let Some(why) = broken_pod(p, role, namespace, nad, now)
+        {
+            return Some(RunOutcome::error(why));
+        }
+    }
     let failed = |p: &Pod| pod_phase(p) == "Failed";
     let why_failed = |p: &Pod, role: Role, log: &str| {
         if log.trim().is_empty() {
@@ -228,9 +237,16 @@ async fn run_network(
         }
     }
     let mut outcomes = BTreeMap::new();
+    let nad = test_nad_name(&name);
     for id in runs.keys() {
+        // Pods that could not be created (an earlier pass): fail at once.
+        if let Some(why) = settings.take_create_failure(id) {
+            outcomes.insert(id.clone(), RunOutcome::error(why));
+            continue;
+        }
         let (server, client) = by_run.get(id.as_str()).copied().unwrap_or_default();
-        if let Some(o) = outcome(&pods_api, spec, server, client).await {
+        let at = (settings.test_namespace.as_str(), nad.as_str(), now);
+        if let Some(o) = outcome(&pods_api, spec, server, client, at).await {
             outcomes.insert(id.clone(), o);
         }
     }
@@ -272,22 +288,27 @@ async fn run_network(
             Step::CreateTestPods { run } => {
                 let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
                 let r = match ensure_test_nad(ctx, net).await {
-                    Ok(()) => create_pod(&pods_api, &pod).await.map_err(Error::from),
-                    Err(e) => Err(e),
+                    Ok(()) => create_pod(&pods_api, &pod)
+                        .await
+                        .map_err(|e| CreateFailure::pod(&pod.name_any(), &e)),
+                    Err(e) => Err(CreateFailure::nad(&settings.test_namespace, &name, &e)),
                 };
+                // Tried this pass either way: not again below.
+                created.insert(run.id.clone());
                 match r {
-                    Ok(()) => {
-                        created.insert(run.id.clone());
-                    }
-                    Err(e) => {
+                    Ok(()) => {}
+                    Err(f) => {
                         node_event(
                             ctx,
                             &run.server_node,
                             EventType::Warning,
                             "AdmissionPodFailed",
-                            format!("cannot create test pod {}: {e}", pod.name_any()),
+                            f.message.clone(),
                         )
                         .await;
+                        if f.fatal {
+                            settings.record_create_failure(&run.id, f.message);
+                        }
                     }
                 }
             }
@@ -322,6 +343,21 @@ async fn run_network(
         let result = match (server, client) {
             (None, _) => {
                 let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
+                if let Err(e) = ensure_test_nad(ctx, net).await {
+                    let f = CreateFailure::nad(&settings.test_namespace, &name, &e);
+                    node_event(
+                        ctx,
+                        &run.server_node,
+                        EventType::Warning,
+                        "AdmissionPodFailed",
+                        f.message.clone(),
+                    )
+                    .await;
+                    if f.fatal {
+                        settings.record_create_failure(&run.id, f.message);
+                    }
+                    continue;
+                }
                 create_pod(&pods_api, &pod).await
             }
             (Some(s), None) => {
@@ -344,18 +380,18 @@ async fn run_network(
             (Some(_), Some(_)) => Ok(()),
         };
         if let Err(e) = result {
+            let f = CreateFailure::pod(&format!("of run {}", run.id), &e);
             node_event(
                 ctx,
                 &run.client_node,
                 EventType::Warning,
                 "AdmissionPodFailed",
-                format!(
-                    "cannot create a test pod of run {}: {}",
-                    run.id,
-                    super::api_error_text(&e)
-                ),
+                f.message.clone(),
             )
             .await;
+            if f.fatal {
+                settings.record_create_failure(&run.id, f.message);
+            }
         }
     }
 

@@ -79,6 +79,7 @@ pub fn test_pod(
             "terminationGracePeriodSeconds": 5,
             "automountServiceAccountToken": false,
             "enableServiceLinks": false,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": [node]}
@@ -92,7 +93,14 @@ pub fn test_pod(
                 "image": image,
                 "command": command,
                 "resources": {"requests": amounts.clone(), "limits": amounts},
-                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                // Root (a non-root process does not get an added
+                // capability): everything dropped but IPC_LOCK, which
+                // registering RDMA memory needs.
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
             }],
         },
     });
@@ -161,5 +169,142 @@ pub(crate) async fn create_pod(api: &Api<Pod>, pod: &Pod) -> Result<(), kube::Er
         // Created by an earlier pass.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+/// Waiting reasons of a container that will not start by waiting longer:
+/// the run fails at once instead of at its timeout.
+const BROKEN_WAITING: &[(&str, &str)] = &[
+    ("ErrImagePull", "its image cannot be pulled"),
+    ("ImagePullBackOff", "its image cannot be pulled"),
+    ("InvalidImageName", "its image name is invalid"),
+    (
+        "ErrImageNeverPull",
+        "its image is not on the node (imagePullPolicy: Never)",
+    ),
+    ("CreateContainerError", "its container cannot be created"),
+    (
+        "CreateContainerConfigError",
+        "its container cannot be configured",
+    ),
+    ("RunContainerError", "its container cannot be started"),
+];
+
+/// A test pod left `Unschedulable` this long fails the run: right after a
+/// node state is applied the device plugin may take a moment to advertise
+/// the network's resource.
+pub const UNSCHEDULABLE_GRACE_SECONDS: u64 = 30;
+
+/// Why a test pod that has not finished never will (image, container,
+/// scheduling, missing attachment), naming the pod, its node and the
+/// kubelet's or scheduler's own words; `None` while it may still run.
+/// `now`: seconds since the epoch (the admission clock).
+pub fn broken_pod(pod: &Pod, role: Role, namespace: &str, nad: &str, now: u64) -> Option<String> {
+    let name = pod.name_any();
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .map(|n| format!(" on node {n}"))
+        .unwrap_or_default();
+    let who = format!("{} pod {name}{node}", role.as_str());
+    let status = pod.status.as_ref()?;
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for c in containers {
+        let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let reason = w.reason.as_deref().unwrap_or_default();
+        if let Some((_, what)) = BROKEN_WAITING.iter().find(|(r, _)| *r == reason) {
+            let msg = w.message.as_deref().unwrap_or("").trim();
+            return Some(
+                format!("{who}: {what} ({reason}: {msg}) [image {}]", c.image).replace(": )", ")"),
+            );
+        }
+    }
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        let since = c
+            .last_transition_time
+            .as_ref()
+            .map(|t| t.0.as_second().max(0) as u64)
+            .unwrap_or(0);
+        if now.saturating_sub(since) >= UNSCHEDULABLE_GRACE_SECONDS {
+            return Some(format!(
+                "{who} cannot be scheduled: {}",
+                c.message.as_deref().unwrap_or("Unschedulable")
+            ));
+        }
+    }
+    // Multus reports the attachments before the containers start: a
+    // running server without an address on the test attachment was never
+    // attached (no Multus, or it does not know the definition).
+    if role == Role::Server
+        && pod_phase(pod) == "Running"
+        && super::multus::attachment_ipv4(pod, namespace, nad).is_none()
+    {
+        return Some(format!(
+            "{who} is running without an address on the test attachment {namespace}/{nad} \
+             (no entry in its k8s.v1.cni.cncf.io/network-status annotation): is Multus installed, \
+             and does NetworkAttachmentDefinition {namespace}/{nad} exist?"
+        ));
+    }
+    None
+}
+
+/// A test pod (or the test attachment definition) that could not be
+/// created, and whether retrying within the run can help.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CreateFailure {
+    pub message: String,
+    /// The API refused (4xx other than conflict or throttling): the run
+    /// fails at once with this message instead of timing out.
+    pub fatal: bool,
+}
+
+fn refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 409 && s.code != 429)
+}
+
+impl CreateFailure {
+    pub(crate) fn pod(what: &str, e: &kube::Error) -> Self {
+        CreateFailure {
+            message: format!(
+                "cannot create test pod {what}: {}",
+                crate::api_error_text(e)
+            ),
+            fatal: refused(e),
+        }
+    }
+
+    pub(crate) fn nad(namespace: &str, network: &str, e: &Error) -> Self {
+        let nad = test_nad_name(network);
+        let (text, fatal, missing_crd) = match e {
+            Error::Kube(k) => (
+                crate::api_error_text(k),
+                refused(k),
+                matches!(k, kube::Error::Api(s) if s.code == 404),
+            ),
+            other => (other.to_string(), false, false),
+        };
+        let hint = if missing_crd {
+            " (the NetworkAttachmentDefinition CRD is not installed: install Multus)"
+        } else {
+            ""
+        };
+        CreateFailure {
+            message: format!(
+                "cannot create the test attachment definition {namespace}/{nad}: {text}{hint}"
+            ),
+            fatal,
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! resources, the clock (a value, so tests move time), the one-run lock.
 
 use crate::Context;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Seconds since the Unix epoch; a value so tests can move time.
@@ -27,9 +28,23 @@ pub struct AdmissionSettings {
     pub memory: String,
     pub clock: Clock,
     pub(crate) lock: Arc<tokio::sync::Mutex<()>>,
+    /// Runs whose pods the API refused to create, with why: the next pass
+    /// fails them at once. Memory only: after a restart the run is tried
+    /// again and fails the same way.
+    pub(crate) create_failures: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
 }
 
 impl AdmissionSettings {
+    pub(crate) fn record_create_failure(&self, run: &str, why: String) {
+        if let Ok(mut m) = self.create_failures.lock() {
+            m.insert(run.to_string(), why);
+        }
+    }
+
+    pub(crate) fn take_create_failure(&self, run: &str) -> Option<String> {
+        self.create_failures.lock().ok()?.remove(run)
+    }
+
     pub fn new(test_namespace: &str, perftest_image: &str) -> Self {
         AdmissionSettings {
             test_namespace: test_namespace.to_string(),
@@ -38,6 +53,7 @@ impl AdmissionSettings {
             memory: "1Gi".into(),
             clock: Arc::new(system_clock),
             lock: Arc::default(),
+            create_failures: Arc::default(),
         }
     }
 }
