@@ -1055,3 +1055,40 @@ async fn a_dra_class_that_would_reach_another_dra_networks_vfs_is_not_written() 
         );
     }
 }
+
+/// Issue 24 item 13: a nodeSelector that matches no node says so, not
+/// that no PF matches nicSelector.
+#[tokio::test]
+async fn a_node_selector_matching_no_node_says_so() {
+    let (ctx, server) = setup();
+    fast_and_bulk(&server);
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "lonely",
+            json!({"nodeSelector": {"rdma": "nowhere"}, "nicSelector": {"pfNames": ["ens2f0"]},
+                   "numVfs": 4}),
+        ),
+    );
+    server.insert(
+        KROCE,
+        "rdmanetworks",
+        network(
+            "nonic",
+            json!({"nodeSelector": {"rdma": "yes"}, "nicSelector": {"pfNames": ["ens9f0"]},
+                   "numVfs": 4}),
+        ),
+    );
+    reconcile_twice(&ctx, &server, "lonely").await;
+    reconcile_twice(&ctx, &server, "nonic").await;
+    let r = condition(&net_status(&server, "lonely"), "Ready");
+    assert_eq!(r["reason"], "NoMatchingNodes");
+    assert_eq!(r["message"], "nodeSelector {rdma=nowhere} matches no node");
+    let r = condition(&net_status(&server, "nonic"), "Ready");
+    let msg = r["message"].as_str().unwrap();
+    assert!(
+        msg.contains("none of the 2 nodes nodeSelector selects has a PF that nicSelector matches"),
+        "{msg}"
+    );
+}

@@ -325,6 +325,40 @@ fn schema_and_controller_agree_on_what_broke_later() {
             "ipam.subnet must be a CIDR",
         ),
         (
+            "ipam subnet with host bits",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "ipam": {"type": "host-local", "subnet": "10.0.0.5/24"}}),
+            "spec.ipam.subnet",
+            "ipam.subnet has host bits set",
+        ),
+        (
+            "ipam rangeStart outside the subnet",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "ipam": {"type": "host-local", "subnet": "10.0.0.0/24",
+                                        "rangeStart": "10.0.1.10"}}),
+            "spec.ipam.rangeStart",
+            "ipam.rangeStart must be an address inside ipam.subnet",
+        ),
+        (
+            "ipam rangeEnd that is no address",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "ipam": {"type": "host-local", "subnet": "10.0.0.0/24",
+                                        "rangeEnd": "ten"}}),
+            "spec.ipam.rangeEnd",
+            "ipam.rangeEnd must be an address inside ipam.subnet",
+        ),
+        (
+            "memlock that is no quantity",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "memlock": "64g"}),
+            "spec.memlock",
+            "memlock must be \"unlimited\" or a whole number of bytes",
+        ),
+        (
             "ipam subnet without a prefix",
             "n",
             serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
@@ -356,6 +390,10 @@ fn schema_and_controller_agree_on_what_broke_later() {
                            "ipam": {"type": "whereabouts", "range": "fd00::/64"}}),
         serde_json::json!({"nicSelector": {"ifNames": ["kvf0"]},
                            "ipam": {"type": "host-local", "subnet": "fd00:1::/64"}}),
+        serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                           "memlock": "64Gi",
+                           "ipam": {"type": "host-local", "subnet": "10.56.0.0/16",
+                                    "rangeStart": "10.56.3.1", "rangeEnd": "10.56.255.254"}}),
     ];
     let name63 = "n".repeat(63);
     for spec in good {
@@ -366,6 +404,60 @@ fn schema_and_controller_agree_on_what_broke_later() {
         assert_eq!(
             kroce_operator::plan::validate_network(&name63, &parsed),
             Ok(())
+        );
+    }
+}
+
+/// Issue 24 item 13: the name-length rule points at `metadata.name` (the
+/// API server reported it against `<nil>`), which the schema declares (a
+/// `fieldPath` must name a declared field); memlock is a CEL rule with a
+/// sentence, its grammar still `kroce_contracts::memlock`'s pattern.
+#[test]
+fn name_rule_names_its_field_and_memlock_reads_as_a_sentence() {
+    let crd = serde_json::to_value(rdma_network_crd()).unwrap();
+    let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    assert_eq!(
+        root["properties"]["metadata"]["properties"]["name"]["type"],
+        "string"
+    );
+    let rule = root["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"].as_str().unwrap().contains("metadata.name"))
+        .unwrap();
+    assert_eq!(rule["fieldPath"], ".metadata.name");
+    let memlock = &root["properties"]["spec"]["properties"]["memlock"];
+    assert!(memlock.get("pattern").is_none(), "{memlock}");
+    let rules = memlock["x-kubernetes-validations"].as_array().unwrap();
+    assert!(
+        rules[0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains(&kroce_contracts::memlock::crd_pattern()),
+        "{rules:?}"
+    );
+    // CEL and the parser agree on the grammar.
+    for (value, ok) in [
+        ("unlimited", true),
+        ("64Gi", true),
+        ("1", true),
+        ("64g", false),
+        ("0", false),
+        ("64 GiB", false),
+    ] {
+        let obj = network(serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]},
+                                             "numVfs": 4, "memlock": value}));
+        assert_eq!(
+            cel_errors(&obj).is_empty(),
+            ok,
+            "{value}: {:?}",
+            cel_errors(&obj)
+        );
+        assert_eq!(
+            value.parse::<kroce_contracts::Memlock>().is_ok(),
+            ok,
+            "{value}"
         );
     }
 }

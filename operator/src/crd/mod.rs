@@ -60,7 +60,29 @@ fn cleaned(crd: CustomResourceDefinition) -> CustomResourceDefinition {
 
 /// The `RdmaNetwork` CRD as shipped (use this, not `RdmaNetwork::crd()`).
 pub fn rdma_network_crd() -> CustomResourceDefinition {
-    cleaned(RdmaNetwork::crd())
+    with_metadata_name(cleaned(RdmaNetwork::crd()))
+}
+
+/// Declares `metadata.name` (a string: the only metadata a CRD may
+/// describe) so the name-length rule can point at it with `fieldPath`: the
+/// API server refuses a `fieldPath` to an undeclared field, and without one
+/// a rule on the root is reported against `<nil>`.
+fn with_metadata_name(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let Ok(mut v) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    if let Some(versions) = v["spec"]["versions"].as_array_mut() {
+        for ver in versions {
+            let props = &mut ver["schema"]["openAPIV3Schema"]["properties"];
+            if let Some(p) = props.as_object_mut() {
+                p.insert(
+                    "metadata".into(),
+                    serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}}}),
+                );
+            }
+        }
+    }
+    serde_json::from_value(v).unwrap_or(crd)
 }
 
 /// The `RdmaNodeState` CRD as shipped.

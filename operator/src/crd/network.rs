@@ -130,11 +130,40 @@ fn ipam_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "required": ["type"],
         "properties": {
             "type": {"type": "string", "minLength": 1, "maxLength": 253},
-            "subnet": {"type": "string", "maxLength": 64}
+            "subnet": {"type": "string", "maxLength": 64},
+            "rangeStart": {"type": "string", "maxLength": 64},
+            "rangeEnd": {"type": "string", "maxLength": 64}
         },
         "x-kubernetes-validations": [{
             "rule": "!has(self.subnet) || isCIDR(self.subnet)",
             "message": "ipam.subnet must be a CIDR (e.g. 10.56.0.0/16)"
+        }, {
+            "rule": "!has(self.subnet) || !isCIDR(self.subnet) || cidr(self.subnet) == cidr(self.subnet).masked()",
+            "message": "ipam.subnet has host bits set: write the network address (10.0.0.0/24, not 10.0.0.5/24)",
+            "fieldPath": ".subnet"
+        }, {
+            "rule": "!has(self.rangeStart) || !has(self.subnet) || !isCIDR(self.subnet) || (isIP(self.rangeStart) && cidr(self.subnet).containsIP(self.rangeStart))",
+            "message": "ipam.rangeStart must be an address inside ipam.subnet",
+            "fieldPath": ".rangeStart"
+        }, {
+            "rule": "!has(self.rangeEnd) || !has(self.subnet) || !isCIDR(self.subnet) || (isIP(self.rangeEnd) && cidr(self.subnet).containsIP(self.rangeEnd))",
+            "message": "ipam.rangeEnd must be an address inside ipam.subnet",
+            "fieldPath": ".rangeEnd"
+        }]
+    })
+}
+
+/// `memlock`: the grammar of `kroce_contracts::memlock` (its one place),
+/// checked by a CEL rule so a refusal reads as a sentence, not a regex.
+fn memlock_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let pattern = kroce_contracts::memlock::crd_pattern();
+    schemars::json_schema!({
+        "type": "string",
+        "nullable": true,
+        "maxLength": 32,
+        "x-kubernetes-validations": [{
+            "rule": format!("self.matches('{pattern}')"),
+            "message": "memlock must be \"unlimited\" or a whole number of bytes above 0 with an optional suffix Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), e.g. 64Gi"
         }]
     })
 }
@@ -275,7 +304,7 @@ impl Default for QosSpec {
 )]
 #[kube(validation = Rule::new(
     "self.metadata.name.size() <= 63"
-).message("metadata.name must be at most 63 characters: it is the default resourceName and a label value"))]
+).message("metadata.name must be at most 63 characters: it is the default resourceName and a label value").field_path(".metadata.name"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(
     "!has(self.vlanQoS) || (has(self.vlan) && self.vlan > 0)"
@@ -327,7 +356,7 @@ pub struct RdmaNetworkSpec {
     /// whole number of bytes with an optional Kubernetes quantity suffix:
     /// Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), e.g. `64Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = kroce_contracts::memlock::crd_pattern()))]
+    #[schemars(schema_with = "memlock_schema")]
     pub memlock: Option<String>,
     #[serde(default)]
     pub irq_affinity: IrqAffinity,

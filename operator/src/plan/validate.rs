@@ -61,6 +61,62 @@ pub fn is_cidr(s: &str) -> bool {
     }
 }
 
+/// A CIDR's address and prefix length (`is_cidr` first).
+fn parse_cidr(s: &str) -> Option<(std::net::IpAddr, u32)> {
+    if !is_cidr(s) {
+        return None;
+    }
+    let (addr, bits) = s.split_once('/')?;
+    Some((addr.parse().ok()?, bits.parse().ok()?))
+}
+
+/// `addr` with every bit past the first `bits` cleared.
+fn masked(addr: std::net::IpAddr, bits: u32) -> std::net::IpAddr {
+    use std::net::IpAddr;
+    match addr {
+        IpAddr::V4(a) => {
+            let m = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            IpAddr::V4((u32::from(a) & m).into())
+        }
+        IpAddr::V6(a) => {
+            let m = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            IpAddr::V6((u128::from(a) & m).into())
+        }
+    }
+}
+
+/// The ipam fields the controller can check without knowing the plugin:
+/// a top-level `subnet` (host-local's) is a network address, and
+/// `rangeStart`/`rangeEnd` are addresses inside it.
+fn check_ipam_ranges(ipam: &serde_json::Value, errors: &mut Vec<FieldError>) {
+    let Some(sub) = ipam.get("subnet").and_then(|s| s.as_str()) else {
+        return;
+    };
+    let Some((net, bits)) = parse_cidr(sub) else {
+        return;
+    };
+    let base = masked(net, bits);
+    if base != net {
+        errors.push(err(
+            "spec.ipam.subnet",
+            format!("{sub:?} has host bits set: write the network address, {base}/{bits}"),
+        ));
+    }
+    for field in ["rangeStart", "rangeEnd"] {
+        let Some(v) = ipam.get(field) else { continue };
+        let inside = v
+            .as_str()
+            .and_then(|t| t.parse::<std::net::IpAddr>().ok())
+            .is_some_and(|ip| ip.is_ipv4() == base.is_ipv4() && masked(ip, bits) == base);
+        if !inside {
+            errors.push(err(
+                format!("spec.ipam.{field}"),
+                format!("{v} is not an address inside ipam.subnet {base}/{bits}"),
+            ));
+        }
+    }
+}
+
 /// The kernel's rule for a netdev name (`dev_valid_name`).
 fn is_ifname(s: &str) -> bool {
     !s.is_empty()
@@ -276,6 +332,7 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
                 format!("{other} is not a CIDR (e.g. 10.56.0.0/16)"),
             )),
         }
+        check_ipam_ranges(ipam, &mut errors);
     }
     if spec.network_namespaces.len() > MAX_NETWORK_NAMESPACES {
         errors.push(err(
@@ -478,5 +535,60 @@ mod tests {
         // The same spec through the device plugin is fine.
         s.frontend = Frontend::DevicePlugin;
         validate_network("n", &s).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod ipam_tests {
+    use super::*;
+
+    fn with_ipam(ipam: serde_json::Value) -> Vec<String> {
+        let spec: RdmaNetworkSpec = serde_json::from_value(serde_json::json!({
+            "nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4, "ipam": ipam}))
+        .unwrap();
+        validate_network("n", &spec)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// Issue 24 item 13: host bits in the subnet and a range outside it
+    /// are refused naming the field, not passed to the CNI.
+    #[test]
+    fn subnet_host_bits_and_ranges_outside_the_subnet_are_refused() {
+        let e = with_ipam(serde_json::json!({"type": "host-local", "subnet": "10.0.0.5/24"}));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("spec.ipam.subnet: ") && e[0].contains("10.0.0.0/24"),
+            "{e:?}"
+        );
+        let e = with_ipam(
+            serde_json::json!({"type": "host-local", "subnet": "10.0.0.0/24",
+                                             "rangeStart": "10.0.1.10", "rangeEnd": "10.0.0.200"}),
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("spec.ipam.rangeStart: ") && e[0].contains("10.0.1.10"),
+            "{e:?}"
+        );
+        let e = with_ipam(
+            serde_json::json!({"type": "host-local", "subnet": "fd00::/64",
+                                             "rangeEnd": "10.0.0.1"}),
+        );
+        assert!(e[0].starts_with("spec.ipam.rangeEnd: "), "{e:?}");
+        let e = with_ipam(
+            serde_json::json!({"type": "host-local", "subnet": "fd00:1::/64",
+                                             "rangeStart": "fd00:1::10", "rangeEnd": "fd00:1::ff"}),
+        );
+        assert!(e.is_empty(), "{e:?}");
+        let e = with_ipam(
+            serde_json::json!({"type": "host-local", "subnet": "10.56.0.0/16",
+                                             "rangeStart": "10.56.3.1", "rangeEnd": "10.56.255.254"}),
+        );
+        assert!(e.is_empty(), "{e:?}");
+        let e = with_ipam(serde_json::json!({"type": "host-local", "subnet": "0.0.0.0/0"}));
+        assert!(e.is_empty(), "{e:?}");
     }
 }
