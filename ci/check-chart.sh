@@ -30,7 +30,9 @@ check() {
 render default
 check default
 # The perftest-pods policy's CEL, evaluated on the operator's test pod and on
-# pods that need more than baseline plus IPC_LOCK (ci/check_perftest_policy.py).
+# pods that need more than baseline plus IPC_LOCK, and kroce's own policies
+# (controller Nodes/NADs/DeviceClasses/creates, node agent) on the writes the
+# code makes and writes beyond them (ci/check_perftest_policy.py).
 python3 "$repo/ci/check_perftest_policy.py" "$out/default.yaml" kroce-perftest || fail=1
 for v in "$chart"/examples/values-*.yaml "$repo"/e2e/kind/values-kind.yaml; do
   render "$(basename "$v" .yaml)" --values "$v"
@@ -53,6 +55,8 @@ check drain --drain
 # from the chart's own sharing ConfigMap (examples/values-dra.yaml).
 render dra --set dra.enabled=true
 check dra --dra
+# The DRA plugin's own-claims policy, evaluated like the others.
+python3 "$repo/ci/check_perftest_policy.py" "$out/dra.yaml" kroce-perftest --dra || fail=1
 check values-dra --dra --dra-shared
 # A perftest namespace the admin creates: the chart only binds the role there.
 render existing-test-ns --set operator.createTestNamespace=false --set operator.testNamespace=rdma-tests
@@ -88,6 +92,8 @@ expect_refused "typo key" "replcas" --set operator.replcas=2
 expect_refused "bad memlock" "/node/nri/defaultMemlock" --set node.nri.defaultMemlock=lots
 expect_refused "relative path" "/node/paths/cniBinDir" --set node.paths.cniBinDir=opt/cni/bin
 expect_refused "bad log level" "/logLevel" --set logLevel=loud
+expect_refused "zero perftest CPUs" "/operator/perftest/cpus" --set operator.perftest.cpus=0
+expect_refused "bad perftest memory" "/operator/perftest/memory" --set operator.perftest.memory=lots
 expect_refused "perftest pods in the release namespace" "operator.testNamespace" \
   --namespace kroce-system --set operator.testNamespace=kroce-system
 expect_refused "perftest namespace not a DNS label" "/operator/testNamespace" --set operator.testNamespace=Tests_NS

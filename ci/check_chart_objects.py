@@ -13,6 +13,9 @@
 - No core-group events (only events.k8s.io, which kube's Recorder uses), no
   event verbs beyond create/patch, no `update` on rdmanetworks(/status).
 - ServiceMonitor rendered exactly when --servicemonitor says so.
+- The RBAC table in operator/README.md lists exactly what the render grants
+  the controller and node service accounts (group, resource, resourceNames,
+  verb, scope), nothing more or less.
 - DRA exactly when --dra (dra.enabled): the node DaemonSet's dra-plugin
   container, its flags and the host paths behind them (kubelet plugins and
   plugins_registry, /sys, /dev, CDI, state, device-info, the CNI state dir
@@ -265,6 +268,71 @@ def check_dra(objs, a, errors, who_can):
             errors.append(f"ValidatingAdmissionPolicy/{vap['metadata']['name']}: no Deny binding")
 
 
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "operator", "README.md")
+
+
+def readme_rbac_rows(path):
+    """The RBAC table of operator/README.md: (who, where, when, group,
+    resource, names, verbs) per row."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        table = text.split("<!-- rbac-table -->", 1)[1].split("<!-- /rbac-table -->", 1)[0]
+    except IndexError:
+        return None
+    rows = []
+    for line in table.strip().splitlines()[2:]:
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7:
+            rows.append(("?", line))
+            continue
+        who, where, when, group, resource, names, verbs = cells
+        rows.append((who, where, when, "" if group == "core" else group, resource,
+                     tuple(sorted(n.strip() for n in names.split(",") if n.strip() not in ("", "-"))),
+                     tuple(v.strip() for v in verbs.split(","))))
+    return rows
+
+
+def check_readme_rbac(perms, a, test_ns, errors):
+    """The operator README's RBAC table is exactly what this render grants
+    the controller and node service accounts (one fact per verb)."""
+    rows = readme_rbac_rows(README)
+    if rows is None:
+        errors.append(f"{README}: no <!-- rbac-table --> section")
+        return
+    scopes = {"cluster": None, "release": a.namespace, "perftest": test_ns}
+    when = {"always": True, "drainHeldVfs": a.drain, "dra": a.dra}
+    documented = set()
+    for row in rows:
+        if row[0] == "?":
+            errors.append(f"{README}: RBAC table row not understood: {row[1]}")
+            continue
+        who, where, cond, group, resource, names, verbs = row
+        if where not in scopes or cond not in when:
+            errors.append(f"{README}: RBAC table row with unknown where/when: {row}")
+            continue
+        if not when[cond]:
+            continue
+        for v in verbs:
+            documented.add((who, scopes[where], group, resource, names, v))
+    granted = set()
+    for subj, scope, r in perms:
+        who = subj.rsplit("-", 1)[-1]
+        who = {"operator": "controller", "node": "node"}.get(who, subj)
+        for g in r.get("apiGroups", []):
+            for res in r.get("resources", []):
+                for v in r.get("verbs", []):
+                    granted.add((who, scope, g, res, tuple(sorted(r.get("resourceNames", []))), v))
+    fmt = lambda t: f"{t[0]} {t[5]} {t[2] or 'core'}/{t[3]}{'[' + ','.join(t[4]) + ']' if t[4] else ''} " \
+                    f"{'cluster-wide' if t[1] is None else 'in ' + t[1]}"
+    for t in sorted(granted - documented, key=str):
+        errors.append(f"the chart grants {fmt(t)}, which the operator README's RBAC table does not list")
+    for t in sorted(documented - granted, key=str):
+        errors.append(f"the operator README's RBAC table lists {fmt(t)}, which the chart does not grant")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
@@ -379,6 +447,7 @@ def main():
             errors.append(f"{subj}: wildcard rule {r}")
 
     check_dra(objs, a, errors, who_can)
+    check_readme_rbac(perms, a, test_ns, errors)
 
     sm = [o for o in objs if o["kind"] == "ServiceMonitor"]
     if a.servicemonitor and not sm:

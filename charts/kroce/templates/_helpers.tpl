@@ -47,3 +47,13 @@ object.spec.containers.all(c, {{ . }}) &&
 (!has(object.spec.initContainers) || object.spec.initContainers.all(c, {{ . }})) &&
 (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, {{ . }}))
 {{- end }}
+
+{{/* The device plugin ConfigMap the controller writes (--configmap). */}}
+{{- define "kroce.configmapName" -}}
+kroce-device-plugin
+{{- end }}
+
+{{/* The controller's leader Lease (--lease-name). */}}
+{{- define "kroce.leaseName" -}}
+kroce-operator
+{{- end }}
