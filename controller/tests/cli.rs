@@ -61,4 +61,16 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
     }
     let err = run(&["--drain-held-vfs=maybe", "--leader-election=false"]);
     assert!(err.contains("maybe"), "{err}");
+    // The chart's operator.perftest values reach these flags.
+    let err = run(&[
+        "--perftest-cpus=4",
+        "--perftest-memory=2Gi",
+        "--leader-election=false",
+    ]);
+    assert!(err.contains("no Kubernetes client configuration"), "{err}");
+    let err = run(&["--perftest-memory=lots", "--leader-election=false"]);
+    assert!(
+        err.contains("--perftest-memory") && err.contains("not a memory quantity"),
+        "{err}"
+    );
 }

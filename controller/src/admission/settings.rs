@@ -76,9 +76,39 @@ pub struct AdmissionArgs {
     /// Whole CPUs per test pod (requests = limits: Guaranteed QoS).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub perftest_cpus: u32,
-    /// Memory per test pod (requests = limits).
-    #[arg(long, default_value = "1Gi")]
+    /// Memory per test pod (requests = limits), a quantity such as 1Gi or 512Mi.
+    #[arg(long, default_value = "1Gi", value_parser = memory_quantity)]
     pub perftest_memory: String,
+}
+
+/// A whole memory quantity (`512Mi`, `1Gi`, `1000000000`): refused at
+/// start, not by the API server at every test pod.
+pub fn memory_quantity(s: &str) -> Result<String, String> {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[digits.len()..];
+    let ok = !digits.is_empty()
+        && !digits.starts_with('0')
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && ["", "Ki", "Mi", "Gi", "Ti", "k", "M", "G", "T"].contains(&unit);
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a memory quantity: a whole number with an optional Ki, Mi, Gi, Ti, k, M, G or T (e.g. 1Gi, 512Mi)"
+        ))
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn perftest_memory_must_be_a_quantity() {
+    for ok in ["1Gi", "512Mi", "2G", "1073741824"] {
+        assert_eq!(memory_quantity(ok), Ok(ok.to_string()));
+    }
+    for bad in ["lots", "1gi", "", "0", "1.5Gi", "Gi", "-1Gi"] {
+        let e = memory_quantity(bad).unwrap_err();
+        assert!(e.contains("not a memory quantity"), "{bad}: {e}");
+    }
 }
 
 impl AdmissionArgs {
