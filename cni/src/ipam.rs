@@ -115,8 +115,25 @@ pub fn runs_without_the_link(plugin: &str) -> bool {
     matches!(plugin, "host-local" | "static" | "whereabouts")
 }
 
-/// Finds `plugin` on `path`.
+/// Whether `plugin` is a bare file name (no `/`, not `.` or `..`): what
+/// may be looked up on `CNI_PATH`. `Path::join` with an absolute name
+/// would replace the directory.
+pub fn is_bare_name(plugin: &str) -> bool {
+    !plugin.is_empty()
+        && !plugin.contains('/')
+        && !plugin.contains('\0')
+        && plugin != "."
+        && plugin != ".."
+}
+
+/// Finds `plugin` (a bare file name, else not found) on `path`.
 pub fn find_plugin(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, IpamError> {
+    if !is_bare_name(plugin) {
+        return Err(IpamError::NotFound {
+            plugin: plugin.into(),
+            path: "(not a bare file name: never looked up)".into(),
+        });
+    }
     path.iter()
         .map(|d| d.join(plugin))
         .find(|p| p.is_file())

@@ -157,6 +157,72 @@ pub enum VfError {
     },
 }
 
+/// The PCI device sysfs says netdev `name` sits on: where
+/// `class/net/<name>/device` resolves to.
+pub fn netdev_pci(root: &HostRoot, name: &str) -> Result<PciAddress, String> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(format!("{name:?} is not a netdev name"));
+    }
+    let link = root.class_net().join(name).join("device");
+    let dev = std::fs::canonicalize(&link)
+        .map_err(|e| format!("{}: {e} (not a PCI function's netdev)", link.display()))?;
+    dev.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.parse::<PciAddress>().ok())
+        .ok_or_else(|| {
+            format!(
+                "{} resolves to {}, not a PCI device",
+                link.display(),
+                dev.display()
+            )
+        })
+}
+
+/// Whether the host link `l` (as netlink reports it in the host netns) is
+/// `target`'s netdev, from facts the link name alone does not decide: for a
+/// VF, the kernel's parent device (`IFLA_PARENT_DEV_NAME`, when reported)
+/// and sysfs' `class/net/<name>/device` must both be the VF's PCI address;
+/// for a soft RDMA device, sysfs must name `l` as its parent netdev now.
+/// `Err` says why not, naming the link and the device.
+pub fn host_link_is(
+    root: &HostRoot,
+    l: &crate::netlink::route::LinkInfo,
+    target: &Target,
+) -> Result<(), String> {
+    let what = format!("netdev {} (ifindex {})", l.name, l.index);
+    match target {
+        Target::Vf(v) => {
+            if let Some(p) = &l.parent_dev
+                && *p != v.pci.to_string()
+            {
+                return Err(format!(
+                    "{what} belongs to device {p} (kernel), not VF {}",
+                    v.pci
+                ));
+            }
+            match netdev_pci(root, &l.name) {
+                Ok(pci) if pci == v.pci => Ok(()),
+                Ok(pci) => Err(format!(
+                    "{what} belongs to PCI device {pci}, not VF {}",
+                    v.pci
+                )),
+                Err(e) => Err(format!("{what} is not VF {}'s: {e}", v.pci)),
+            }
+        }
+        Target::Soft(s) => match resolve_soft(root, &s.soft_rdma) {
+            Ok(SoftTarget {
+                netdev: Some(n), ..
+            }) if n == l.name => Ok(()),
+            Ok(t) => Err(format!(
+                "{what} is not the parent of soft RDMA device {} (sysfs: {})",
+                s.soft_rdma,
+                t.netdev.as_deref().unwrap_or("none")
+            )),
+            Err(e) => Err(format!("{what}: {e}")),
+        },
+    }
+}
+
 /// Reads the device `key` names from `root`'s sysfs.
 pub fn resolve_key(root: &HostRoot, key: &DeviceKey) -> Result<Target, VfError> {
     match key {
