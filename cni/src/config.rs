@@ -716,6 +716,33 @@ mod tests {
     }
 
     #[test]
+    fn host_path_keys_are_refused_by_name_first() {
+        for key in kroce_contracts::cni_env::REFUSED_CONFIG_KEYS {
+            // Even a config that is wrong otherwise (bad cniVersion) is
+            // refused for the key: nothing else is looked at first.
+            let mut c = base();
+            c[*key] = json!("/var/lib/cni/kroce");
+            c["cniVersion"] = json!("9.9.9");
+            let e = err(&serde_json::to_vec(&c).unwrap());
+            assert_eq!(e.code(), code::INVALID_CONFIG, "{key}: {e}");
+            assert!(e.to_string().contains(key), "{key}: {e}");
+            assert!(e.to_string().contains("KROCE_CNI_"), "{key}: {e}");
+            let mut c = base();
+            c["runtimeConfig"] = json!({*key: "/x"});
+            let e = err(&serde_json::to_vec(&c).unwrap());
+            assert!(
+                e.to_string().contains(&format!("runtimeConfig.{key}")),
+                "{key}: {e}"
+            );
+        }
+        // ipam.type is a bare name.
+        for bad in ["/tmp/payload.sh", "../bin/sh", "..", "."] {
+            let e = err(&with("ipam", json!({"type": bad})));
+            assert!(e.to_string().contains("ipam.type"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn cross_field_rules() {
         let mut c = base();
         c["vlanQoS"] = json!(3);

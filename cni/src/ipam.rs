@@ -608,6 +608,18 @@ mod tests {
     }
 
     #[test]
+    fn only_bare_names_are_looked_up() {
+        // Path::join with an absolute name would give that name back.
+        let path = vec![PathBuf::from("/usr/lib/cni")];
+        for bad in ["/bin/sh", "../../bin/sh", "..", ".", "", "a/b"] {
+            let e = find_plugin(bad, &path).unwrap_err();
+            assert!(matches!(e, IpamError::NotFound { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("bare"), "{bad}: {e}");
+        }
+        assert!(is_bare_name("host-local"));
+    }
+
+    #[test]
     fn missing_plugin_is_named() {
         let e = find_plugin("nope-ipam", &[PathBuf::from("/nonexistent")]).unwrap_err();
         assert!(e.to_string().contains("nope-ipam") && e.to_string().contains("/nonexistent"));

@@ -341,3 +341,76 @@ fn a_forged_claim_cannot_touch_another_vf() {
     assert_eq!(after, other, "the forged claim changed VF 3 of ens2f0");
     r.ok();
 }
+
+/// A forged claim on a soft RDMA device naming another host link's
+/// ifindex: release matched soft devices on the ifindex alone and renamed,
+/// re-addressed and re-MTU'd whatever link had it.
+#[test]
+fn a_soft_claim_cannot_touch_a_link_by_its_ifindex() {
+    if skip_without_netns("a_soft_claim_cannot_touch_a_link_by_its_ifindex") {
+        return;
+    }
+    let mut bed = TestBed::new(0).unwrap();
+    bed.host
+        .ip(&[
+            "link", "add", "kup0", "type", "veth", "peer", "name", "kup0p",
+        ])
+        .unwrap();
+    bed.host
+        .ip(&[
+            "link", "add", "kvf0", "link", "kup0", "type", "macvlan", "mode", "bridge",
+        ])
+        .unwrap();
+    bed.host
+        .ip(&["link", "set", "kvf0", "address", "02:00:00:00:5f:01"])
+        .unwrap();
+    bed.fixture.add_rxe("rxe_t0", "kvf0").unwrap();
+    let victim = victim_link(&bed);
+    let before = bed.host.link(&victim).unwrap();
+
+    let soft =
+        json!({"deviceID": "rxe_t0", "rdma": false, "mtu": 1400, "mac": "02:aa:bb:cc:dd:05"});
+    let mut kit = bed.kit();
+    let cfg = bed.config(soft.clone());
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c0", "net1"),
+        &cfg,
+    )
+    .ok();
+    let path = bed.state.path().join("vf/rxe_t0.json");
+    let mut claim: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c0", "net1"),
+        &cfg,
+    )
+    .ok();
+    claim["containerID"] = json!("victim");
+    claim["netns"] = json!(format!("/run/netns/kroce-gone-{}", std::process::id()));
+    claim["original"]["link"]["index"] = json!(before.ifindex);
+    std::fs::write(&path, serde_json::to_vec_pretty(&claim).unwrap()).unwrap();
+
+    let r = bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "next", "net1"),
+        &cfg,
+    );
+    let after = bed.host.link(&victim);
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "next", "net1"),
+        &cfg,
+    )
+    .ok();
+    assert_eq!(
+        after,
+        Some(before),
+        "the forged soft claim changed {victim}"
+    );
+    r.ok();
+}
