@@ -344,6 +344,48 @@ mod tests {
     }
 
     #[test]
+    fn a_host_link_is_the_device_by_sysfs_and_the_kernel() {
+        let mut h = FixtureHost::connectx6dx_pair().unwrap();
+        h.add_rxe("rxe_t0", "veth_t0").unwrap();
+        let root = h.root();
+        let vf = Target::Vf(resolve(&root, "0000:3b:00.4".parse().unwrap()).unwrap());
+        let link = |name: &str, parent: Option<&str>| crate::netlink::route::LinkInfo {
+            index: 9,
+            name: name.into(),
+            mac: None,
+            mtu: 1500,
+            up: false,
+            altnames: vec![],
+            parent_dev: parent.map(str::to_string),
+        };
+        host_link_is(&root, &link("ens1f0v2", None), &vf).unwrap();
+        host_link_is(&root, &link("ens1f0v2", Some("0000:3b:00.4")), &vf).unwrap();
+        // Another VF's netdev, a virtual link, no such name, or the kernel
+        // naming another parent: refused, naming the link and the VF.
+        for (name, parent) in [
+            ("ens1f0v1", None),
+            ("veth_t0", None),
+            ("nosuch0", None),
+            ("../ens1f0v2", None),
+            ("ens1f0v2", Some("0000:3b:00.3")),
+        ] {
+            let e = host_link_is(&root, &link(name, parent), &vf).unwrap_err();
+            assert!(
+                e.contains(name) && e.contains("0000:3b:00.4"),
+                "{name}: {e}"
+            );
+        }
+        let soft = Target::Soft(resolve_soft(&root, "rxe_t0").unwrap());
+        host_link_is(&root, &link("veth_t0", None), &soft).unwrap();
+        let e = host_link_is(&root, &link("ens1f0v2", None), &soft).unwrap_err();
+        assert!(e.contains("rxe_t0") && e.contains("veth_t0"), "{e}");
+        assert_eq!(
+            netdev_pci(&root, "ens1f0v2").unwrap().to_string(),
+            "0000:3b:00.4"
+        );
+    }
+
+    #[test]
     fn keys_from_file_stems() {
         assert_eq!(
             DeviceKey::from_stem("0000:3b:00.2"),

@@ -229,3 +229,36 @@ pub fn device_key(conf: &NetConf) -> Result<DeviceKey, CniError> {
 fn open_netns(path: &Path) -> Result<Netns, CniError> {
     Netns::open(path).map_err(|e| CniError::new(code::INVALID_ENV, format!("CNI_NETNS: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn roots_come_from_the_environment_or_the_defaults() {
+        let none = Roots::from_env(|_| None).unwrap();
+        assert_eq!(none, Roots::default());
+        assert_eq!(none.sysfs, Path::new("/sys"));
+        assert_eq!(none.state_dir, Path::new(DEFAULT_STATE_DIR));
+        assert_eq!(none.log_file, None);
+        let env: HashMap<&str, &str> = HashMap::from([
+            (cni_env::HOST_ROOT, "/host"),
+            (cni_env::PROC_ROOT, "/p"),
+            (cni_env::STATE_DIR, "/s"),
+            (cni_env::LOG_FILE, "/l/kroce-cni.log"),
+        ]);
+        let r = Roots::from_env(|k| env.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(r.sysfs, Path::new("/host/sys"));
+        assert_eq!(r.dev, Path::new("/host/dev"));
+        assert_eq!(r.proc, Path::new("/p"));
+        assert_eq!(r.state_dir, Path::new("/s"));
+        assert_eq!(r.log_file.as_deref(), Some(Path::new("/l/kroce-cni.log")));
+        for key in cni_env::ALL {
+            let e =
+                Roots::from_env(|k| (k == *key).then(|| "relative/dir".to_string())).unwrap_err();
+            assert_eq!(e.code, code::INVALID_ENV, "{key}: {e}");
+            assert!(e.msg.contains(key) && e.msg.contains("relative/dir"), "{e}");
+        }
+    }
+}
