@@ -62,6 +62,13 @@ check values-dra --dra --dra-shared
 render existing-test-ns --set operator.createTestNamespace=false --set operator.testNamespace=rdma-tests
 check existing-test-ns --existing-namespace rdma-tests
 
+# kroce-cni refuses a network config naming a host path (issue 19): nothing
+# the chart renders (a NAD, a ConfigMap with a CNI config) may carry one.
+if grep -nE '"(hostRoot|sysfsRoot|procRoot|stateDir|logFile)"[[:space:]]*:' "$out"/*.yaml; then
+  echo "a rendered manifest carries a kroce-cni config key naming a host path (kroce-cni refuses it)"
+  fail=1
+fi
+
 # Every rendered file at once, so a failure anywhere fails the run.
 python3 "$repo/ci/validate_manifests.py" "$out"/*.yaml >"$out/report.txt" || {
   grep INVALID "$out/report.txt"

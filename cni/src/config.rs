@@ -7,8 +7,14 @@
 //! `runtimeConfig.CNIDeviceInfoFile`), `vlan`, `vlanQoS`, `vlanProto`, `mac`
 //! (`runtimeConfig.mac`, `CNI_ARGS MAC=`), `mtu`, `spoofchk`, `trust`,
 //! `link_state`, `min_tx_rate`, `max_tx_rate`, `rdma`, `memlock`, `ipam`,
-//! `dns`, `logLevel`, `logFile`, `stateDir`, `hostRoot`, `sysfsRoot`,
-//! `procRoot`, `prevResult`, `cni.dev/valid-attachments`.
+//! `dns`, `logLevel`, `prevResult`, `cni.dev/valid-attachments`.
+//!
+//! The config is tenant input (a namespace admin writes it into a
+//! NetworkAttachmentDefinition): no key names a host path or a program.
+//! The keys that once did (`hostRoot`, `sysfsRoot`, `procRoot`, `stateDir`,
+//! `logFile`) are refused by name; roots come from the plugin's environment
+//! (`kroce_contracts::cni_env`). `ipam.type` is a bare file name looked up
+//! on the runtime's `CNI_PATH`.
 
 use crate::addr::Mac;
 use crate::log::LogLevel;
@@ -125,11 +131,6 @@ pub struct NetConf {
     pub ipam: Option<IpamConf>,
     pub dns: Dns,
     pub log_level: LogLevel,
-    pub log_file: Option<PathBuf>,
-    pub state_dir: Option<PathBuf>,
-    pub host_root: Option<PathBuf>,
-    pub sysfs_root: Option<PathBuf>,
-    pub proc_root: Option<PathBuf>,
     pub prev_result: Option<CniResult>,
     pub valid_attachments: Option<Vec<Attachment>>,
     /// The configuration as received, for the IPAM delegate.
@@ -285,6 +286,31 @@ fn parse_unicast_mac(s: &str) -> Result<Mac, String> {
     Ok(m)
 }
 
+/// A key that once chose a host path (a test seam): refused wherever it
+/// appears at the top or in `runtimeConfig`, so an old config fails loudly
+/// instead of being half-honoured.
+fn refuse_host_keys(obj: &Map<String, Value>) -> Result<(), ConfigError> {
+    let rc = obj.get("runtimeConfig").and_then(Value::as_object);
+    for key in kroce_contracts::cni_env::REFUSED_CONFIG_KEYS {
+        let found = obj.get(*key).map(|v| (key.to_string(), v)).or_else(|| {
+            rc.and_then(|m| m.get(*key))
+                .map(|v| (format!("runtimeConfig.{key}"), v))
+        });
+        if let Some((field, v)) = found {
+            return Err(invalid(
+                &field,
+                v,
+                format!(
+                    "is not accepted: the network config is tenant input and never names a host path; \
+                     the installer sets {} in the runtime's environment",
+                    kroce_contracts::cni_env::ALL.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parses and validates a network configuration.
 pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
     let raw: Value =
@@ -293,6 +319,7 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         .as_object()
         .ok_or_else(|| ConfigError::Decode("the configuration is not a JSON object".into()))?;
     let top = Fields { obj, prefix: "" };
+    refuse_host_keys(obj)?;
 
     let version_s = top
         .string("cniVersion")
@@ -582,11 +609,6 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         ipam,
         dns,
         log_level,
-        log_file: top.abs_path("logFile")?,
-        state_dir: top.abs_path("stateDir")?,
-        host_root: top.abs_path("hostRoot")?,
-        sysfs_root: top.abs_path("sysfsRoot")?,
-        proc_root: top.abs_path("procRoot")?,
         prev_result,
         valid_attachments,
         raw,
@@ -620,8 +642,7 @@ mod tests {
             "mac":"02:11:22:33:44:55","mtu":9000,"spoofchk":"off","trust":"on",
             "link_state":"enable","min_tx_rate":100,"max_tx_rate":1000,"rdma":true,
             "memlock":"unlimited","ipam":{"type":"host-local","subnet":"10.56.0.0/24"},
-            "logLevel":"debug","logFile":"/var/log/kroce-cni.log","stateDir":"/tmp/s",
-            "hostRoot":"/host","unknownKey":{"ignored":true}
+            "logLevel":"debug","unknownKey":{"ignored":true}
         });
         let n = parse(&serde_json::to_vec(&c).unwrap(), &CniArgs::default()).unwrap();
         assert_eq!(n.cni_version, CniVersion::V1_1_0);
@@ -635,7 +656,6 @@ mod tests {
         assert_eq!(n.rdma, RdmaPolicy::Always);
         assert_eq!(n.memlock, Some(Memlock::Unlimited));
         assert_eq!(n.ipam.as_ref().unwrap().plugin, "host-local");
-        assert_eq!(n.state_dir, Some(PathBuf::from("/tmp/s")));
         assert!(matches!(n.device, DeviceRef::Pci { ref field, .. } if field == "deviceID"));
     }
 
@@ -667,8 +687,14 @@ mod tests {
             ("ipam", json!({"type":"../../bin/sh"}), "ipam.type"),
             ("logLevel", json!("loud"), "logLevel"),
             ("logFile", json!("relative.log"), "logFile"),
+            ("logFile", json!("/var/log/kroce-cni.log"), "logFile"),
             ("stateDir", json!("var/lib"), "stateDir"),
+            ("stateDir", json!("/tmp/s"), "stateDir"),
             ("hostRoot", json!(7), "hostRoot"),
+            ("hostRoot", json!("/host"), "hostRoot"),
+            ("sysfsRoot", json!("/fake/sys"), "sysfsRoot"),
+            ("procRoot", json!("/proc"), "procRoot"),
+            ("procRoot", Value::Null, "procRoot"),
             ("deviceID", json!("../../../etc/passwd"), "deviceID"),
             ("deviceID", json!("0000:3b:00.9"), "deviceID"),
             ("deviceID", json!(5), "deviceID"),
@@ -686,6 +712,33 @@ mod tests {
             assert_eq!(e.code(), code::INVALID_CONFIG, "{k}={v}: {e}");
             let msg = e.to_string();
             assert!(msg.contains(field), "{k}={v}: {msg}");
+        }
+    }
+
+    #[test]
+    fn host_path_keys_are_refused_by_name_first() {
+        for key in kroce_contracts::cni_env::REFUSED_CONFIG_KEYS {
+            // Even a config that is wrong otherwise (bad cniVersion) is
+            // refused for the key: nothing else is looked at first.
+            let mut c = base();
+            c[*key] = json!("/var/lib/cni/kroce");
+            c["cniVersion"] = json!("9.9.9");
+            let e = err(&serde_json::to_vec(&c).unwrap());
+            assert_eq!(e.code(), code::INVALID_CONFIG, "{key}: {e}");
+            assert!(e.to_string().contains(key), "{key}: {e}");
+            assert!(e.to_string().contains("KROCE_CNI_"), "{key}: {e}");
+            let mut c = base();
+            c["runtimeConfig"] = json!({*key: "/x"});
+            let e = err(&serde_json::to_vec(&c).unwrap());
+            assert!(
+                e.to_string().contains(&format!("runtimeConfig.{key}")),
+                "{key}: {e}"
+            );
+        }
+        // ipam.type is a bare name.
+        for bad in ["/tmp/payload.sh", "../bin/sh", "..", "."] {
+            let e = err(&with("ipam", json!({"type": bad})));
+            assert!(e.to_string().contains("ipam.type"), "{bad}: {e}");
         }
     }
 

@@ -44,9 +44,32 @@ pub fn parse(bytes: &[u8]) -> Result<DeviceInfo, String> {
     })
 }
 
-/// Reads and parses a device-info file.
+/// Biggest device-info file read (the spec's are a few hundred bytes).
+const MAX_SIZE: u64 = 64 * 1024;
+
+/// Reads and parses a device-info file. The path comes with the config
+/// (`runtimeConfig`), so only a regular file of at most 64 KiB is read: a
+/// FIFO, a device or `/dev/zero` is refused, not waited on.
 pub fn read(path: &Path) -> Result<DeviceInfo, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    // Non-blocking: opening a FIFO for reading would wait for a writer.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(cannot)?;
+    if !f.metadata().map_err(cannot)?.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_SIZE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_SIZE {
+        return Err(format!("{} is over {MAX_SIZE} bytes", path.display()));
+    }
     parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 

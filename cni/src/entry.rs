@@ -1,7 +1,7 @@
 //! What the binary does with one invocation: environment and stdin in,
 //! stdout text and exit code out, with the real backends.
 
-use crate::commands::{self, Backends, Node, Request};
+use crate::commands::{self, Backends, Node, Request, Roots};
 use crate::config::{self, peek_version};
 use crate::ipam::ExecIpam;
 use crate::links::RtnlOpener;
@@ -44,12 +44,26 @@ pub fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
         Err(e) => return error_outcome(&e.into(), version),
     };
     let version = conf.cni_version;
-    let mut log = match Logger::new(conf.log_level, conf.log_file.as_deref(), true) {
+    // Roots and the log file come from the environment the runtime gives
+    // its plugins (set by the installer), never from the config.
+    let roots = match Roots::from_env(env) {
+        Ok(r) => r,
+        Err(e) => return error_outcome(&e, version),
+    };
+    let mut log = match Logger::new(conf.log_level, roots.log_file.as_deref(), true) {
         Ok(l) => l,
         Err(e) => {
             let fallback =
                 Logger::new(LogLevel::Warn, None, true).unwrap_or_else(|_| Logger::quiet());
-            fallback.warn(&format!("cannot open logFile: {e}"));
+            fallback.warn(&format!(
+                "cannot open {} {}: {e}",
+                kroce_contracts::cni_env::LOG_FILE,
+                roots
+                    .log_file
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display()
+            ));
             fallback
         }
     };
@@ -68,7 +82,7 @@ pub fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
             );
         }
     };
-    let node = Node::from_conf(&conf, env, host_netns);
+    let node = Node::new(&roots, host_netns);
     let req = Request { env: cni_env, conf };
     let mut links = RtnlOpener;
     let mut vf = RtnlVfConfig::new(None);

@@ -115,8 +115,25 @@ pub fn runs_without_the_link(plugin: &str) -> bool {
     matches!(plugin, "host-local" | "static" | "whereabouts")
 }
 
-/// Finds `plugin` on `path`.
+/// Whether `plugin` is a bare file name (no `/`, not `.` or `..`): what
+/// may be looked up on `CNI_PATH`. `Path::join` with an absolute name
+/// would replace the directory.
+pub fn is_bare_name(plugin: &str) -> bool {
+    !plugin.is_empty()
+        && !plugin.contains('/')
+        && !plugin.contains('\0')
+        && plugin != "."
+        && plugin != ".."
+}
+
+/// Finds `plugin` (a bare file name, else not found) on `path`.
 pub fn find_plugin(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, IpamError> {
+    if !is_bare_name(plugin) {
+        return Err(IpamError::NotFound {
+            plugin: plugin.into(),
+            path: "(not a bare file name: never looked up)".into(),
+        });
+    }
     path.iter()
         .map(|d| d.join(plugin))
         .find(|p| p.is_file())
@@ -588,6 +605,18 @@ mod tests {
         let out = ExecIpam::default().exec(&req).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert!(v["supportedVersions"].is_array(), "{v}");
+    }
+
+    #[test]
+    fn only_bare_names_are_looked_up() {
+        // Path::join with an absolute name would give that name back.
+        let path = vec![PathBuf::from("/usr/lib/cni")];
+        for bad in ["/bin/sh", "../../bin/sh", "..", ".", "", "a/b"] {
+            let e = find_plugin(bad, &path).unwrap_err();
+            assert!(matches!(e, IpamError::NotFound { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("bare"), "{bad}: {e}");
+        }
+        assert!(is_bare_name("host-local"));
     }
 
     #[test]

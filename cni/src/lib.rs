@@ -29,3 +29,6 @@ pub mod vf_config;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+
+/// The environment variables kroce-cni takes its roots from.
+pub use kroce_contracts::cni_env;

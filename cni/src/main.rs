@@ -11,8 +11,9 @@ fn main() {
         let text = "kroce-cni: CNI plugin attaching an SR-IOV VF (VLAN, MAC, MTU, IPs, RDMA device) to a pod.\n\
             Run by container runtimes with CNI_COMMAND=ADD|DEL|CHECK|STATUS|GC|VERSION, CNI_CONTAINERID,\n\
             CNI_NETNS, CNI_IFNAME, CNI_ARGS, CNI_PATH and the network config on stdin.\n\
-            Roots: config keys hostRoot/sysfsRoot/procRoot/stateDir, else env KROCE_HOST_ROOT,\n\
-            KROCE_SYSFS_ROOT, KROCE_PROC_ROOT, KROCE_STATE_DIR (default state dir /var/lib/cni/kroce).\n\
+            Roots from the environment only (the runtime's, set by the installer): KROCE_CNI_HOST_ROOT,\n\
+            KROCE_CNI_SYSFS_ROOT, KROCE_CNI_PROC_ROOT, KROCE_CNI_STATE_DIR (default /var/lib/cni/kroce,\n\
+            root's, not group/world writable), KROCE_CNI_LOG_FILE (default: stderr only).\n\
             Try: CNI_COMMAND=VERSION kroce-cni </dev/null\n";
         let _ = std::io::stdout().write_all(text.as_bytes());
         std::process::exit(if help { 0 } else { 2 });

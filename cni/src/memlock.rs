@@ -49,7 +49,7 @@ impl MemlockDir {
 
     /// Serialises writers of all sandboxes (short critical sections).
     fn lock(&self) -> io::Result<Flock<std::fs::File>> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| ctx(&self.dir, e))?;
+        crate::state::create_private_dir(&self.dir).map_err(|e| ctx(&self.dir, e))?;
         let f = std::fs::File::open(&self.dir).map_err(|e| ctx(&self.dir, e))?;
         Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| ctx(&self.dir, io::Error::from(e)))
     }

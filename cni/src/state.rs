@@ -8,7 +8,10 @@
 //! - `memlock/<containerID>.json`: see [`crate::memlock`];
 //! - `ipam-versions.json`: see [`crate::ipam::ExecIpam`].
 //!
-//! Files are written atomically (temp file in the same dir + rename).
+//! Files are written atomically (temp file in the same dir + rename), mode
+//! 0600, in directories created 0700. The state dir must be root's and not
+//! group/world writable ([`StateDir::ensure_private`]): what is in it is
+//! trusted to say which VF an attachment holds and what to restore.
 
 use crate::addr::Mac;
 use crate::netlink::route::LinkInfo;
@@ -38,6 +41,8 @@ pub enum StateError {
     },
     #[error("device {key} is locked by another kroce-cni call (waited {waited:?})")]
     LockTimeout { key: DeviceKey, waited: Duration },
+    #[error("state dir {path}: {reason}")]
+    Insecure { path: PathBuf, reason: String },
     #[error("state file {path} is corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }
@@ -49,22 +54,60 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
     }
 }
 
-/// Writes `bytes` to `path` via a temp file in the same directory and a
-/// rename, so readers see the old or the new file, never a torn one.
+/// Creates `dir` and its missing parents, each new one mode 0700.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Writes `bytes` to `path` (mode 0600) via a temp file in the same
+/// directory and a rename, so readers see the old or the new file, never a
+/// torn one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    create_private_dir(dir)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| io::Write::write_all(&mut f, bytes))
         .and_then(|_| std::fs::rename(&tmp, path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Why a state dir with `meta` is not private to `uid` (root in
+/// production), if it is not.
+pub fn check_private(meta: &std::fs::Metadata, uid: u32) -> Result<(), String> {
+    if !meta.is_dir() {
+        return Err("is not a directory".into());
+    }
+    if meta.uid() != uid {
+        return Err(format!(
+            "is owned by uid {}, not {uid} (root): refusing to trust claims in it",
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "is group/world writable (mode {mode:04o}): refusing to trust claims in it; chmod 0700 it"
+        ));
+    }
+    Ok(())
 }
 
 /// Whether ADD finished.
@@ -156,6 +199,28 @@ impl StateDir {
         &self.root
     }
 
+    /// Creates the state dir (0700) when missing, else checks that only
+    /// root can write it: owned by root (the user kroce-cni runs as), not
+    /// group or world writable. Claims in a directory anyone else can
+    /// write would let them choose what a release restores.
+    pub fn ensure_private(&self) -> Result<(), StateError> {
+        let insecure = |reason: String| StateError::Insecure {
+            path: self.root.clone(),
+            reason,
+        };
+        if !self.root.is_absolute() {
+            return Err(insecure("is not an absolute path".into()));
+        }
+        let meta = match std::fs::metadata(&self.root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                create_private_dir(&self.root).map_err(io_err(&self.root))?;
+                std::fs::metadata(&self.root).map_err(io_err(&self.root))?
+            }
+            other => other.map_err(io_err(&self.root))?,
+        };
+        check_private(&meta, nix::unistd::geteuid().as_raw()).map_err(insecure)
+    }
+
     pub fn claim_path(&self, pci: &DeviceKey) -> PathBuf {
         self.root.join("vf").join(format!("{pci}.json"))
     }
@@ -168,10 +233,12 @@ impl StateDir {
     pub fn lock_vf(&self, pci: &DeviceKey, timeout: Duration) -> Result<VfLock, StateError> {
         let path = self.lock_path(pci);
         let dir = self.root.join("locks");
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        create_private_dir(&dir).map_err(io_err(&dir))?;
         let start = Instant::now();
         loop {
+            use std::os::unix::fs::OpenOptionsExt;
             let file = std::fs::OpenOptions::new()
+                .mode(0o600)
                 .create(true)
                 .truncate(false)
                 .write(true)
@@ -313,6 +380,41 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn files_are_private_and_open_dirs_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateDir::new(dir.path().join("new/state"));
+        let me = nix::unistd::geteuid().as_raw();
+        s.ensure_private().unwrap();
+        let meta = std::fs::metadata(s.root()).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        write_atomic(&s.root().join("vf/x.json"), b"{}").unwrap();
+        let f = std::fs::metadata(s.root().join("vf/x.json")).unwrap();
+        assert_eq!(f.mode() & 0o777, 0o600);
+        let d = std::fs::metadata(s.root().join("vf")).unwrap();
+        assert_eq!(d.mode() & 0o777, 0o700);
+        let pci = DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
+        drop(s.lock_vf(&pci, Duration::from_millis(10)).unwrap());
+        let l = std::fs::metadata(s.root().join("locks")).unwrap();
+        assert_eq!(l.mode() & 0o777, 0o700);
+        for mode in [0o777, 0o770, 0o722, 0o1777] {
+            std::fs::set_permissions(s.root(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = s.ensure_private().unwrap_err().to_string();
+            assert!(
+                e.contains(&s.root().display().to_string()) && e.contains("writable"),
+                "{mode:o}: {e}"
+            );
+        }
+        std::fs::set_permissions(s.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        s.ensure_private().unwrap();
+        let meta = std::fs::metadata(s.root()).unwrap();
+        let e = check_private(&meta, me.wrapping_add(1)).unwrap_err();
+        assert!(e.contains("owned by uid"), "{e}");
+        let e = StateDir::new("rel/dir").ensure_private().unwrap_err();
+        assert!(e.to_string().contains("absolute"), "{e}");
     }
 
     #[test]

@@ -157,6 +157,72 @@ pub enum VfError {
     },
 }
 
+/// The PCI device sysfs says netdev `name` sits on: where
+/// `class/net/<name>/device` resolves to.
+pub fn netdev_pci(root: &HostRoot, name: &str) -> Result<PciAddress, String> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(format!("{name:?} is not a netdev name"));
+    }
+    let link = root.class_net().join(name).join("device");
+    let dev = std::fs::canonicalize(&link)
+        .map_err(|e| format!("{}: {e} (not a PCI function's netdev)", link.display()))?;
+    dev.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.parse::<PciAddress>().ok())
+        .ok_or_else(|| {
+            format!(
+                "{} resolves to {}, not a PCI device",
+                link.display(),
+                dev.display()
+            )
+        })
+}
+
+/// Whether the host link `l` (as netlink reports it in the host netns) is
+/// `target`'s netdev, from facts the link name alone does not decide: for a
+/// VF, the kernel's parent device (`IFLA_PARENT_DEV_NAME`, when reported)
+/// and sysfs' `class/net/<name>/device` must both be the VF's PCI address;
+/// for a soft RDMA device, sysfs must name `l` as its parent netdev now.
+/// `Err` says why not, naming the link and the device.
+pub fn host_link_is(
+    root: &HostRoot,
+    l: &crate::netlink::route::LinkInfo,
+    target: &Target,
+) -> Result<(), String> {
+    let what = format!("netdev {} (ifindex {})", l.name, l.index);
+    match target {
+        Target::Vf(v) => {
+            if let Some(p) = &l.parent_dev
+                && *p != v.pci.to_string()
+            {
+                return Err(format!(
+                    "{what} belongs to device {p} (kernel), not VF {}",
+                    v.pci
+                ));
+            }
+            match netdev_pci(root, &l.name) {
+                Ok(pci) if pci == v.pci => Ok(()),
+                Ok(pci) => Err(format!(
+                    "{what} belongs to PCI device {pci}, not VF {}",
+                    v.pci
+                )),
+                Err(e) => Err(format!("{what} is not VF {}'s: {e}", v.pci)),
+            }
+        }
+        Target::Soft(s) => match resolve_soft(root, &s.soft_rdma) {
+            Ok(SoftTarget {
+                netdev: Some(n), ..
+            }) if n == l.name => Ok(()),
+            Ok(t) => Err(format!(
+                "{what} is not the parent of soft RDMA device {} (sysfs: {})",
+                s.soft_rdma,
+                t.netdev.as_deref().unwrap_or("none")
+            )),
+            Err(e) => Err(format!("{what}: {e}")),
+        },
+    }
+}
+
 /// Reads the device `key` names from `root`'s sysfs.
 pub fn resolve_key(root: &HostRoot, key: &DeviceKey) -> Result<Target, VfError> {
     match key {
@@ -275,6 +341,48 @@ mod tests {
             .unwrap();
         let e = resolve_soft(&h.root(), &hw).unwrap_err();
         assert!(matches!(e, VfError::NotSoft { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_host_link_is_the_device_by_sysfs_and_the_kernel() {
+        let mut h = FixtureHost::connectx6dx_pair().unwrap();
+        h.add_rxe("rxe_t0", "veth_t0").unwrap();
+        let root = h.root();
+        let vf = Target::Vf(resolve(&root, "0000:3b:00.4".parse().unwrap()).unwrap());
+        let link = |name: &str, parent: Option<&str>| crate::netlink::route::LinkInfo {
+            index: 9,
+            name: name.into(),
+            mac: None,
+            mtu: 1500,
+            up: false,
+            altnames: vec![],
+            parent_dev: parent.map(str::to_string),
+        };
+        host_link_is(&root, &link("ens1f0v2", None), &vf).unwrap();
+        host_link_is(&root, &link("ens1f0v2", Some("0000:3b:00.4")), &vf).unwrap();
+        // Another VF's netdev, a virtual link, no such name, or the kernel
+        // naming another parent: refused, naming the link and the VF.
+        for (name, parent) in [
+            ("ens1f0v1", None),
+            ("veth_t0", None),
+            ("nosuch0", None),
+            ("../ens1f0v2", None),
+            ("ens1f0v2", Some("0000:3b:00.3")),
+        ] {
+            let e = host_link_is(&root, &link(name, parent), &vf).unwrap_err();
+            assert!(
+                e.contains(name) && e.contains("0000:3b:00.4"),
+                "{name}: {e}"
+            );
+        }
+        let soft = Target::Soft(resolve_soft(&root, "rxe_t0").unwrap());
+        host_link_is(&root, &link("veth_t0", None), &soft).unwrap();
+        let e = host_link_is(&root, &link("ens1f0v2", None), &soft).unwrap_err();
+        assert!(e.contains("rxe_t0") && e.contains("veth_t0"), "{e}");
+        assert_eq!(
+            netdev_pci(&root, "ens1f0v2").unwrap().to_string(),
+            "0000:3b:00.4"
+        );
     }
 
     #[test]

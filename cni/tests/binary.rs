@@ -89,11 +89,20 @@ fn add_warns_about_the_runtime_only_and_del_logs_the_release() {
     let bed = TestBed::new(1).unwrap();
     let logs = tempfile::tempdir().unwrap();
     let log_file = logs.path().join("kroce-cni.log");
+    // The log file is the installer's (the runtime's environment), not the
+    // config's.
+    let with_log = |cmd: &str| {
+        let mut env = bed.env(cmd, "c1", "net1");
+        env.insert(
+            kroce_contracts::cni_env::LOG_FILE.into(),
+            log_file.display().to_string(),
+        );
+        env
+    };
     let cfg = bed.config(json!({
-        "cniVersion": "1.1.0", "memlock": "unlimited",
-        "logFile": log_file, "logLevel": "info"
+        "cniVersion": "1.1.0", "memlock": "unlimited", "logLevel": "info"
     }));
-    let out = run(&bed, &bed.env("ADD", "c1", "net1"), &cfg);
+    let out = run(&bed, &with_log("ADD"), &cfg);
     assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
     let log = std::fs::read_to_string(&log_file).unwrap();
     for text in [&out.stderr, &log] {
@@ -112,7 +121,7 @@ fn add_warns_about_the_runtime_only_and_del_logs_the_release() {
         );
     }
 
-    let out = run(&bed, &bed.env("DEL", "c1", "net1"), &cfg);
+    let out = run(&bed, &with_log("DEL"), &cfg);
     assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stderr);
     let log = std::fs::read_to_string(&log_file).unwrap();
     let line = format!(
@@ -339,7 +348,7 @@ fn version_status_and_gc() {
         return;
     }
     let bed = TestBed::new(1).unwrap();
-    let mut env = HashMap::new();
+    let mut env = bed.root_env();
     env.insert("CNI_COMMAND".to_string(), "VERSION".to_string());
     let out = bed
         .run_binary(Path::new(BIN), &env, br#"{"cniVersion":"1.0.0"}"#)
@@ -362,6 +371,21 @@ fn version_status_and_gc() {
         "STATUS: {}",
         shown(&out)
     );
+    // A state dir that cannot be made (the installer's env) is "not
+    // available"; the old config key is refused by name.
+    let mut bad = env.clone();
+    bad.insert(
+        kroce_contracts::cni_env::STATE_DIR.into(),
+        "/dev/null/kroce".into(),
+    );
+    let out = run(&bed, &bad, &bed.config(json!({"cniVersion": "1.1.0"})));
+    assert_eq!(
+        out.json()["code"],
+        50,
+        "STATUS, bad state dir: {}",
+        shown(&out)
+    );
+    assert!(out.stdout.contains("/dev/null/kroce"), "{}", shown(&out));
     let out = run(
         &bed,
         &env,
@@ -369,10 +393,11 @@ fn version_status_and_gc() {
     );
     assert_eq!(
         out.json()["code"],
-        50,
-        "STATUS, bad stateDir: {}",
+        7,
+        "STATUS, stateDir key: {}",
         shown(&out)
     );
+    assert!(out.stdout.contains("stateDir"), "{}", shown(&out));
     let out = run(
         &bed,
         &env,

@@ -2,7 +2,10 @@
 //! The config parser against random input, in the normal test suite (the
 //! cargo-fuzz target in cni/fuzz does the same, longer): it never panics,
 //! every error maps to a spec code and names a field, and whatever it
-//! accepts obeys the documented ranges.
+//! accepts obeys the documented ranges and names no host path or program
+//! (issue 19). The claim-file reader gets the same treatment: random bytes
+//! and mutated claims never panic it, and what it cannot read is an error
+//! naming the file.
 
 use kroce_cni::config::{ConfigError, parse};
 use kroce_cni::protocol::CniArgs;
@@ -30,7 +33,9 @@ fn json_value() -> impl Strategy<Value = Value> {
             Just("64Mi"),
             Just("1.1.0"),
             Just("../x"),
-            Just("host-local")
+            Just("host-local"),
+            Just("/tmp/payload.sh"),
+            Just("..")
         ]
         .prop_map(|s| Value::String(s.into())),
     ];
@@ -75,18 +80,44 @@ const KEYS: &[&str] = &[
 ];
 
 fn mutated_config() -> impl Strategy<Value = Value> {
-    prop::collection::vec((0..KEYS.len(), json_value()), 0..6).prop_map(|edits| {
-        let mut c = json!({"cniVersion": "1.0.0", "name": "n", "type": "kroce-cni", "deviceID": "0000:3b:00.2"});
-        for (k, v) in edits {
-            c[KEYS[k]] = v;
-        }
-        c
-    })
+    (
+        prop::collection::vec((0..KEYS.len(), json_value()), 0..6),
+        prop::collection::vec((0..KEYS.len(), json_value()), 0..3),
+        json_value(),
+    )
+        .prop_map(|(edits, rc_edits, ipam_type)| {
+            let mut c = json!({"cniVersion": "1.0.0", "name": "n", "type": "kroce-cni", "deviceID": "0000:3b:00.2"});
+            for (k, v) in edits {
+                c[KEYS[k]] = v;
+            }
+            // runtimeConfig carries the same keys sometimes.
+            if !rc_edits.is_empty() {
+                let mut rc = json!({});
+                for (k, v) in rc_edits {
+                    rc[KEYS[k]] = v;
+                }
+                c["runtimeConfig"] = rc;
+            }
+            if c["ipam"].is_object() {
+                c["ipam"]["type"] = ipam_type;
+            }
+            c
+        })
 }
+
+const REFUSED: &[&str] = &["hostRoot", "sysfsRoot", "procRoot", "stateDir", "logFile"];
 
 fn check(bytes: &[u8]) {
     match parse(bytes, &CniArgs::default()) {
         Ok(n) => {
+            // Accepted: no key names a host path.
+            for k in REFUSED {
+                assert!(n.raw.get(k).is_none(), "accepted {k}");
+                assert!(
+                    n.raw["runtimeConfig"].get(k).is_none(),
+                    "accepted runtimeConfig.{k}"
+                );
+            }
             if let Some(v) = n.vf.vlan {
                 assert!(v <= 4094);
             }
@@ -107,13 +138,7 @@ fn check(bytes: &[u8]) {
                 assert!(!mac.is_multicast() && !mac.is_zero());
             }
             if let Some(i) = &n.ipam {
-                assert!(!i.plugin.contains('/'));
-            }
-            for p in [&n.state_dir, &n.host_root, &n.log_file]
-                .into_iter()
-                .flatten()
-            {
-                assert!(p.is_absolute());
+                assert!(kroce_cni::ipam::is_bare_name(&i.plugin), "{}", i.plugin);
             }
         }
         Err(e) => {
@@ -124,6 +149,74 @@ fn check(bytes: &[u8]) {
             }
         }
     }
+}
+
+/// A well-formed claim file (what ADD writes), as JSON.
+fn claim_template() -> Value {
+    json!({
+        "version": 1,
+        "vf": {"pci": "0000:3b:00.2", "pfPci": "0000:3b:00.0", "vfIndex": 0,
+               "pfIfname": "ens1f0", "netdev": "ens1f0v0", "rdma": null, "driver": "mlx5_core"},
+        "containerID": "c1", "ifname": "net1", "netns": "/run/netns/x", "network": "n",
+        "phase": "attached",
+        "original": {"link": {"index": 7, "name": "ens1f0v0", "mac": "02:00:00:00:00:01",
+                              "mtu": 1500, "up": false, "altnames": [], "parentDev": null},
+                     "vf": null},
+        "planned": {"vfSettings": [], "mac": null, "mtu": null, "rdmaDevice": null},
+        "podIfindex": null, "result": null,
+        "config": {"cniVersion": "1.0.0", "name": "n", "type": "kroce-cni",
+                   "ipam": {"type": "host-local"}},
+        "cniArgs": "", "cniPath": ["/opt/cni/bin"]
+    })
+}
+
+const CLAIM_KEYS: &[&str] = &[
+    "version",
+    "vf",
+    "containerID",
+    "ifname",
+    "netns",
+    "network",
+    "phase",
+    "original",
+    "planned",
+    "podIfindex",
+    "result",
+    "config",
+    "cniArgs",
+    "cniPath",
+];
+
+/// Reads `bytes` as the claim file of VF 0000:3b:00.2 in a fresh state dir.
+fn read_claim(bytes: &[u8]) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = kroce_cni::state::StateDir::new(dir.path());
+    let key = kroce_cni::vf::DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
+    let path = state.claim_path(&key);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    match state.read_claim(&key) {
+        Ok(Some(c)) => {
+            // What the reader gives back round-trips.
+            let again = serde_json::to_vec(&c).unwrap();
+            std::fs::write(&path, &again).unwrap();
+            assert_eq!(state.read_claim(&key).unwrap(), Some(c));
+        }
+        Ok(None) => panic!("a present file read as absent"),
+        Err(e) => assert!(e.to_string().contains(&path.display().to_string()), "{e}"),
+    }
+    let (claims, errors) = state.claims();
+    assert_eq!(claims.len() + errors.len(), 1);
+}
+
+#[test]
+fn the_claim_template_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = kroce_cni::state::StateDir::new(dir.path());
+    let key = kroce_cni::vf::DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
+    std::fs::create_dir_all(dir.path().join("vf")).unwrap();
+    std::fs::write(state.claim_path(&key), claim_template().to_string()).unwrap();
+    assert!(state.read_claim(&key).unwrap().is_some());
 }
 
 proptest! {
@@ -142,5 +235,26 @@ proptest! {
     #[test]
     fn mutated_configs_hold_their_invariants(v in mutated_config()) {
         check(&serde_json::to_vec(&v).unwrap());
+    }
+}
+
+proptest! {
+    // Each case writes a file: fewer of them.
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_claim_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        read_claim(&bytes);
+    }
+
+    #[test]
+    fn mutated_claims_never_panic(
+        edits in prop::collection::vec((0..CLAIM_KEYS.len(), json_value()), 0..4),
+    ) {
+        let mut c = claim_template();
+        for (k, v) in edits {
+            c[CLAIM_KEYS[k]] = v;
+        }
+        read_claim(&serde_json::to_vec(&c).unwrap());
     }
 }

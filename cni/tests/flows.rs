@@ -649,6 +649,7 @@ fn vf_back_from_a_dead_netns_is_restored_by_del() {
         ])
         .unwrap();
     bed.pod.delete().unwrap();
+    bed.sysfs_alias("dev7", 0).unwrap();
     // An altname equal to the original name blocks a plain rename back.
     bed.host
         .ip(&[
@@ -690,6 +691,7 @@ fn old_pods_del_leaves_the_new_holder_alone() {
         .ip(&["link", "set", "net1", "netns", &bed.host.name])
         .unwrap();
     bed.pod.delete().unwrap();
+    bed.sysfs_alias("net1", 0).unwrap();
     // A new pod gets the VF (the old, dead claim is taken over).
     let new_pod =
         NetnsGuard::create(&format!("kcn{}", kroce_cni::testing::testbed::unique_tag())).unwrap();

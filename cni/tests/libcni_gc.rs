@@ -141,6 +141,9 @@ fn run_libcni_gc(
                 .arg(valid)
                 .env_clear()
                 .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                // libcni runs plugins with its own environment plus CNI_*:
+                // kroce-cni's roots, as a runtime's would carry them.
+                .envs(bed.root_env())
                 .output()
                 .unwrap();
             (

@@ -7,6 +7,7 @@
 //! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
+pub mod cni_env;
 pub mod dra;
 pub mod log;
 pub mod memlock;

@@ -67,7 +67,6 @@ struct Rig {
     vf_pci: PciAddress,
     vf_ifname: String,
     vf_mac: String,
-    sysfs: PathBuf,
 }
 
 fn conflist(rig: &Rig, memlock: Option<&str>) -> String {
@@ -76,8 +75,6 @@ fn conflist(rig: &Rig, memlock: Option<&str>) -> String {
         "deviceID": rig.vf_pci.to_string(),
         "mtu": POD_MTU,
         "rdma": false,
-        "sysfsRoot": rig.sysfs,
-        "stateDir": rig.state_dir,
         "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET}]], "dataDir": rig.ipam_dir},
     });
     if let Some(m) = memlock {
@@ -293,6 +290,18 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
     link_cni_plugins(&ctd, &bins.cni);
     let state_dir = dir.join("kroce-state");
     let ipam_dir = dir.join("ipam");
+    // kroce-cni's roots: containerd's environment, which it passes on to
+    // the plugins it runs (as an installer would set it), never the config.
+    ctd.env = vec![
+        (
+            kroce_cni::cni_env::SYSFS_ROOT.into(),
+            sysfs.display().to_string(),
+        ),
+        (
+            kroce_cni::cni_env::STATE_DIR.into(),
+            state_dir.display().to_string(),
+        ),
+    ];
     start_with_image(&mut ctd, &dir);
 
     let nri = start_nri(
@@ -314,7 +323,6 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         vf_pci,
         vf_ifname,
         vf_mac,
-        sysfs,
     }
 }
 

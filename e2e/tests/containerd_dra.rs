@@ -105,11 +105,21 @@ fn setup(peers: &Peers, tag: &str) -> Rig {
         "type": "kroce-cni",
         "deviceID": vf[1].0.to_string(),
         "rdma": false,
-        "sysfsRoot": sysfs,
-        "stateDir": state_dir,
         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]], "dataDir": ipam_dir},
     }]});
     std::fs::write(ctd.cni_conf.join("10-kroce.conflist"), primary.to_string()).unwrap();
+    // kroce-cni's roots come from containerd's environment (passed on to
+    // the plugins it runs), never from the config.
+    ctd.env = vec![
+        (
+            kroce_cni::cni_env::SYSFS_ROOT.into(),
+            sysfs.display().to_string(),
+        ),
+        (
+            kroce_cni::cni_env::STATE_DIR.into(),
+            state_dir.display().to_string(),
+        ),
+    ];
     start_with_image(&mut ctd, &dir);
 
     let nri = start_nri(&node.path, &ctd, &state_dir, fixture.path(), &dir);

@@ -233,7 +233,19 @@ impl Scene {
     }
 
     fn cni_env(&self, pod: &Pod, command: &str) -> Vec<(String, String)> {
+        use kroce_cni::cni_env;
         vec![
+            // The node's roots: the runtime's environment, as an installer
+            // sets it (never the network config).
+            (
+                cni_env::HOST_ROOT.into(),
+                self.node.fixture_root().display().to_string(),
+            ),
+            (cni_env::PROC_ROOT.into(), "/proc".into()),
+            (
+                cni_env::STATE_DIR.into(),
+                self.dir("cni-state").display().to_string(),
+            ),
             ("CNI_COMMAND".into(), command.into()),
             ("CNI_CONTAINERID".into(), pod.container_id.clone()),
             (
@@ -263,9 +275,6 @@ impl Scene {
             "type": "kroce-cni",
             "mtu": POD_MTU,
             "memlock": "unlimited",
-            "hostRoot": self.node.fixture_root(),
-            "procRoot": "/proc",
-            "stateDir": self.dir("cni-state"),
             "ipam": {
                 "type": "host-local",
                 "dataDir": self.dir("ipam"),

@@ -171,7 +171,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             host_root: cli.host_root.clone(),
             cni_path: std::env::split_paths(&cli.cni_bin_dir).collect(),
         };
-        handler = handler.with_network(Box::new(PodNetwork::new(opts, InProcessCni)));
+        let cni = InProcessCni::new(opts.roots());
+        handler = handler.with_network(Box::new(PodNetwork::new(opts, cni)));
     }
     let (state, _) = tokio::sync::watch::channel(PluginState::Connecting { last_error: None });
 

@@ -155,27 +155,38 @@ pub fn plan_pod(pod_uid: &str, requests: &[AttachRequest]) -> Result<Vec<Attachm
 pub struct CniOptions {
     /// kroce-cni's state dir (claims, locks; the request dir is under it).
     pub state_dir: PathBuf,
-    /// `hostRoot` for kroce-cni (sysfs/procfs); `None`: `/`.
+    /// Where kroce-cni finds `sys/`, `proc/`, `dev/`; `None`: `/`.
     pub host_root: Option<PathBuf>,
     /// Where IPAM plugins are (`CNI_PATH`).
     pub cni_path: Vec<PathBuf>,
 }
 
+impl CniOptions {
+    /// kroce-cni's roots, as typed values (never config keys: kroce-cni
+    /// refuses path keys in a network config).
+    pub fn roots(&self) -> kroce_cni::commands::Roots {
+        let base = match &self.host_root {
+            Some(h) => kroce_cni::commands::Roots::under(h),
+            None => kroce_cni::commands::Roots::default(),
+        };
+        kroce_cni::commands::Roots {
+            state_dir: self.state_dir.clone(),
+            ..base
+        }
+    }
+}
+
 /// The kroce-cni network configuration of one attachment (pure): the
 /// device by PCI address, the claim's VLAN/MTU/MAC/IPAM, and `rdma` from
-/// its `rdmaNetnsMode`.
-pub fn cni_config(a: &Attachment, opts: &CniOptions) -> Value {
+/// its `rdmaNetnsMode`. No paths: those are the runner's [`CniOptions::roots`].
+pub fn cni_config(a: &Attachment) -> Value {
     let d = &a.device;
     let mut c = json!({
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK_NAME,
         "type": "kroce-cni",
         "deviceID": d.pci_address,
-        "stateDir": opts.state_dir,
     });
-    if let Some(h) = &opts.host_root {
-        c["hostRoot"] = json!(h);
-    }
     if let Some(v) = d.vlan {
         c["vlan"] = json!(v);
     }
@@ -237,9 +248,17 @@ pub trait CniRunner {
 
 /// kroce-cni in this process, with its real backends (netlink, the IPAM
 /// plugin's binary), in this thread's netns: the host's (kroce-nri runs
-/// with hostNetwork).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct InProcessCni;
+/// with hostNetwork), on the node at `roots` (kroce-nri's own flags).
+#[derive(Debug, Clone, Default)]
+pub struct InProcessCni {
+    roots: kroce_cni::commands::Roots,
+}
+
+impl InProcessCni {
+    pub fn new(roots: kroce_cni::commands::Roots) -> Self {
+        InProcessCni { roots }
+    }
+}
 
 impl CniRunner for InProcessCni {
     fn run(&self, env: &CniEnv, config: &Value) -> Result<Option<Value>, CniError> {
@@ -253,10 +272,10 @@ impl CniRunner for InProcessCni {
                 format!("cannot open this thread's netns: {e}"),
             )
         })?;
-        let mut node = Node::from_conf(&conf, |_| None, host);
+        let mut node = Node::new(&self.roots, host);
         // Memlock is kroce-nri's own business; no limit warnings from ADD.
         node.runtime_pids.clear();
-        let log = kroce_cni::log::Logger::new(conf.log_level, conf.log_file.as_deref(), true)
+        let log = kroce_cni::log::Logger::new(conf.log_level, self.roots.log_file.as_deref(), true)
             .unwrap_or_else(|_| kroce_cni::log::Logger::quiet());
         let mut links = kroce_cni::links::RtnlOpener;
         let mut vf = kroce_cni::vf_config::RtnlVfConfig::new(None);
@@ -412,7 +431,7 @@ impl<R: CniRunner> PodNetwork<R> {
         let mut done: Vec<(&Attachment, Value)> = Vec::new();
         for a in &plan {
             let env = self.env(Command::Add, pod, &a.ifname, Some(netns));
-            match self.cni.run(&env, &cni_config(a, &self.opts)) {
+            match self.cni.run(&env, &cni_config(a)) {
                 Ok(r) => done.push((a, r.unwrap_or(Value::Null))),
                 Err(e) => {
                     let left = self.undo(pod, netns, &done);
@@ -483,7 +502,7 @@ impl<R: CniRunner> PodNetwork<R> {
         let mut left = Vec::new();
         for (a, _) in done.iter().rev() {
             let env = self.env(Command::Del, pod, &a.ifname, Some(netns));
-            if let Err(e) = self.cni.run(&env, &cni_config(a, &self.opts)) {
+            if let Err(e) = self.cni.run(&env, &cni_config(a)) {
                 left.push(format!("{} ({}): {e}", a.device.device, a.ifname));
             }
         }
@@ -665,14 +684,19 @@ mod tests {
         let a = &plan_pod("pod", &[req("u", "c", &["pod"], vec![d])]).unwrap()[0];
         let opts = CniOptions {
             state_dir: "/var/lib/cni/kroce".into(),
-            host_root: None,
+            host_root: Some("/host".into()),
             cni_path: vec![],
         };
-        let c = cni_config(a, &opts);
+        // Paths go to kroce-cni as typed roots, never as config keys.
+        let roots = opts.roots();
+        assert_eq!(roots.state_dir, std::path::Path::new("/var/lib/cni/kroce"));
+        assert_eq!(roots.sysfs, std::path::Path::new("/host/sys"));
+        assert_eq!(roots.proc, std::path::Path::new("/host/proc"));
+        let c = cni_config(a);
         assert_eq!(
             c,
             json!({"cniVersion": "1.0.0", "name": CNI_NETWORK_NAME, "type": "kroce-cni",
-                "deviceID": "0000:3b:00.2", "stateDir": "/var/lib/cni/kroce", "vlan": 100,
+                "deviceID": "0000:3b:00.2", "vlan": 100,
                 "mtu": 9000, "mac": "02:00:00:00:00:01", "rdma": true,
                 "ipam": {"type": "host-local"}})
         );

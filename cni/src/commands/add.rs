@@ -118,6 +118,14 @@ pub fn add(
                     ),
                 )
             })?;
+        // The link about to move must be the device's by facts its name
+        // does not decide (sysfs `device`, the kernel's parent device).
+        crate::vf::host_link_is(&node.host_root, &link, &vf).map_err(|e| {
+            CniError::new(
+                code::VF_LOOKUP,
+                format!("{}: refusing to move {host_name}: {e}", key.label()),
+            )
+        })?;
         let original_vf = match (plan.vf_settings.is_empty(), vf.vf()) {
             (true, _) => None,
             (false, Some(v)) => Some(
@@ -224,6 +232,7 @@ pub fn add(
                     Ok(result)
                 }
                 Err(e) => Err(rollback(
+                    req,
                     &claim,
                     node,
                     b,
@@ -233,7 +242,7 @@ pub fn add(
                 )),
             }
         }
-        Err(e) => Err(rollback(&claim, node, b, log, &lock, e)),
+        Err(e) => Err(rollback(req, &claim, node, b, log, &lock, e)),
     }
 }
 
@@ -424,6 +433,7 @@ fn with_gateway(route: &Route, r: &CniResult) -> Route {
 /// Releases everything of a failed ADD; the error says what failed and
 /// what could not be undone.
 fn rollback(
+    req: &Request,
     claim: &Claim,
     node: &Node,
     b: &mut Backends<'_>,
@@ -432,7 +442,7 @@ fn rollback(
     e: CniError,
 ) -> CniError {
     log.error(&format!("ADD failed, rolling back: {e}"));
-    let left = release_claim(claim, node, b, log);
+    let left = release_claim(claim, node, b, log, req.release_ipam());
     if left.is_empty() {
         lock.remove_file();
         e
@@ -500,7 +510,7 @@ fn take_over_stale_claim(
         old.ifname,
         old.netns
     ));
-    let left = release_claim(&old, node, b, log);
+    let left = release_claim(&old, node, b, log, req.release_ipam());
     if left.is_empty() {
         Ok(())
     } else {

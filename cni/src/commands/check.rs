@@ -2,7 +2,7 @@
 //! `prevResult` (or the cached result), the RDMA device if it moved, then
 //! the IPAM delegate's own CHECK.
 
-use super::release::is_our_link;
+use super::release::{Seen, is_our_link};
 use super::{Backends, Node, Request, open_netns};
 use crate::ipam;
 use crate::log::Logger;
@@ -44,7 +44,7 @@ pub fn check(
         .by_name(ifname)
         .map_err(|e| CniError::new(code::NETLINK, e.to_string()))?
         .ok_or_else(|| failed(format!("interface {ifname} is missing from netns {ns_s}")))?;
-    if !is_our_link(&link, &claim) {
+    if !is_our_link(&link, &claim, Seen::Pod) {
         return Err(failed(format!("{ifname} in {ns_s} is not {}", claim.vf)));
     }
     if !link.up {

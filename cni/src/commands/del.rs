@@ -30,7 +30,7 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
             .map_err(|e| CniError::new(code::TRY_AGAIN, e.to_string()))?;
         match node.state.read_claim(&pci) {
             Ok(Some(c)) if c.owned_by(cid, ifname) => {
-                let left = release_claim(&c, node, b, log);
+                let left = release_claim(&c, node, b, log, req.release_ipam());
                 if left.is_empty() {
                     lock.remove_file();
                 }

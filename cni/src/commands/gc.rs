@@ -51,7 +51,7 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
                     "GC: releasing {} of stale attachment {}/{}",
                     cur.vf, cur.container_id, cur.ifname
                 ));
-                let left = release_claim(&cur, node, b, log);
+                let left = release_claim(&cur, node, b, log, req.release_ipam());
                 if left.is_empty() {
                     lock.remove_file();
                 }

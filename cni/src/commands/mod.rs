@@ -19,11 +19,12 @@ use crate::rdma::RdmaControl;
 use crate::state::{DEFAULT_STATE_DIR, StateDir};
 use crate::vf::DeviceKey;
 use crate::vf_config::VfConfig;
+use kroce_contracts::cni_env;
 use sriov_helpers::HostRoot;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use release::{find_host_link, is_our_link};
+pub use release::{ReleaseIpam, Seen, find_host_link, is_our_link};
 
 /// How long a call waits for another call holding the same VF.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(20);
@@ -42,32 +43,79 @@ pub struct Node {
     pub runtime_pids: Vec<String>,
 }
 
-/// Env overrides for roots (used when a config key is absent).
-pub const ENV_HOST_ROOT: &str = "KROCE_HOST_ROOT";
-pub const ENV_SYSFS_ROOT: &str = "KROCE_SYSFS_ROOT";
-pub const ENV_PROC_ROOT: &str = "KROCE_PROC_ROOT";
-pub const ENV_STATE_DIR: &str = "KROCE_STATE_DIR";
+/// Where the node is: sysfs, procfs, `/dev`, the state dir and the log
+/// file. From the plugin's environment (set by whoever installs it) or the
+/// compiled-in defaults; never from the network config, which is tenant
+/// input. kroce-nri builds one from its own flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roots {
+    pub sysfs: PathBuf,
+    pub proc: PathBuf,
+    pub dev: PathBuf,
+    pub state_dir: PathBuf,
+    /// Where `logLevel` lines go besides stderr; `None`: stderr only.
+    pub log_file: Option<PathBuf>,
+}
+
+impl Default for Roots {
+    /// The real node: `/sys`, `/proc`, `/dev`, `/var/lib/cni/kroce`.
+    fn default() -> Roots {
+        Roots::under(Path::new("/"))
+    }
+}
+
+impl Roots {
+    /// `sys/`, `proc/`, `dev/` under `host`; the default state dir.
+    pub fn under(host: &Path) -> Roots {
+        Roots {
+            sysfs: host.join("sys"),
+            proc: host.join("proc"),
+            dev: host.join("dev"),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            log_file: None,
+        }
+    }
+
+    /// From `KROCE_CNI_*` (see [`kroce_contracts::cni_env`]), defaults for
+    /// those unset. A set variable that is not an absolute path is an
+    /// error naming it (code 4), not a silent default.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Roots, CniError> {
+        let get = |key: &str| -> Result<Option<PathBuf>, CniError> {
+            match env(key) {
+                None => Ok(None),
+                Some(v) if v.starts_with('/') && !v.contains('\0') => Ok(Some(PathBuf::from(v))),
+                Some(v) => Err(CniError::new(
+                    code::INVALID_ENV,
+                    format!("{key} {v:?} must be an absolute path"),
+                )),
+            }
+        };
+        let host = get(cni_env::HOST_ROOT)?.unwrap_or_else(|| PathBuf::from("/"));
+        let mut r = Roots::under(&host);
+        if let Some(p) = get(cni_env::SYSFS_ROOT)? {
+            r.sysfs = p;
+        }
+        if let Some(p) = get(cni_env::PROC_ROOT)? {
+            r.proc = p;
+        }
+        if let Some(p) = get(cni_env::STATE_DIR)? {
+            r.state_dir = p;
+        }
+        r.log_file = get(cni_env::LOG_FILE)?;
+        Ok(r)
+    }
+}
 
 impl Node {
-    /// Roots from the config keys, then `KROCE_*` env, then defaults (`/`,
-    /// `/var/lib/cni/kroce`). `host_netns` is the plugin's own netns.
-    pub fn from_conf(
-        conf: &NetConf,
-        env: impl Fn(&str) -> Option<String>,
-        host_netns: Netns,
-    ) -> Node {
-        let pick = |c: &Option<PathBuf>, key: &str| -> Option<PathBuf> {
-            c.clone()
-                .or_else(|| env(key).filter(|v| v.starts_with('/')).map(PathBuf::from))
-        };
-        let host = pick(&conf.host_root, ENV_HOST_ROOT).unwrap_or_else(|| PathBuf::from("/"));
-        let sys = pick(&conf.sysfs_root, ENV_SYSFS_ROOT).unwrap_or_else(|| host.join("sys"));
-        let proc = pick(&conf.proc_root, ENV_PROC_ROOT).unwrap_or_else(|| host.join("proc"));
-        let state = pick(&conf.state_dir, ENV_STATE_DIR)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    /// The node at `roots`; `host_netns` is the plugin's own netns.
+    pub fn new(roots: &Roots, host_netns: Netns) -> Node {
         Node {
-            host_root: HostRoot::with_paths(sys, proc, host.join("dev")),
-            state: StateDir::new(state),
+            host_root: HostRoot::with_paths(
+                roots.sysfs.clone(),
+                roots.proc.clone(),
+                roots.dev.clone(),
+            ),
+            state: StateDir::new(roots.state_dir.clone()),
             host_netns,
             lock_timeout: LOCK_TIMEOUT,
             runtime_pids: vec![nix::unistd::getppid().to_string()],
@@ -97,6 +145,14 @@ pub struct Request {
 }
 
 impl Request {
+    /// The IPAM plugin releases run in this call (see [`ReleaseIpam`]).
+    pub fn release_ipam(&self) -> ReleaseIpam<'_> {
+        ReleaseIpam {
+            plugin: self.conf.ipam.as_ref().map(|i| i.plugin.as_str()),
+            path: &self.env.path,
+        }
+    }
+
     fn ipam_request<'a>(&'a self, command: Command, plugin: &'a str) -> IpamRequest<'a> {
         IpamRequest {
             command,
@@ -118,12 +174,26 @@ pub fn run(
     b: &mut Backends<'_>,
     log: &Logger,
 ) -> Result<Option<serde_json::Value>, CniError> {
-    if req.conf.ipam.is_some() && req.env.path.is_empty() && req.env.command != Command::Version {
+    if req.env.command == Command::Version {
+        return Ok(Some(CniVersion::version_info()));
+    }
+    if req.conf.ipam.is_some() && req.env.path.is_empty() {
         return Err(CniError::new(
             code::INVALID_ENV,
             "CNI_PATH is required to find the IPAM plugin",
         ));
     }
+    // Before anything in it is read or written: claims say what a release
+    // restores, so only root may write where they are.
+    let not_private = |e: crate::state::StateError| {
+        let c = if req.env.command == Command::Status {
+            code::NOT_AVAILABLE
+        } else {
+            code::IO
+        };
+        CniError::new(c, e.to_string())
+    };
+    node.state.ensure_private().map_err(not_private)?;
     match req.env.command {
         Command::Add => add::add(req, node, b, log).map(|r| Some(r.render(req.conf.cni_version))),
         Command::Del => del::del(req, node, b, log).map(|_| None),
@@ -158,4 +228,37 @@ pub fn device_key(conf: &NetConf) -> Result<DeviceKey, CniError> {
 /// Opens a netns named by the runtime; errors name the path.
 fn open_netns(path: &Path) -> Result<Netns, CniError> {
     Netns::open(path).map_err(|e| CniError::new(code::INVALID_ENV, format!("CNI_NETNS: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn roots_come_from_the_environment_or_the_defaults() {
+        let none = Roots::from_env(|_| None).unwrap();
+        assert_eq!(none, Roots::default());
+        assert_eq!(none.sysfs, Path::new("/sys"));
+        assert_eq!(none.state_dir, Path::new(DEFAULT_STATE_DIR));
+        assert_eq!(none.log_file, None);
+        let env: HashMap<&str, &str> = HashMap::from([
+            (cni_env::HOST_ROOT, "/host"),
+            (cni_env::PROC_ROOT, "/p"),
+            (cni_env::STATE_DIR, "/s"),
+            (cni_env::LOG_FILE, "/l/kroce-cni.log"),
+        ]);
+        let r = Roots::from_env(|k| env.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(r.sysfs, Path::new("/host/sys"));
+        assert_eq!(r.dev, Path::new("/host/dev"));
+        assert_eq!(r.proc, Path::new("/p"));
+        assert_eq!(r.state_dir, Path::new("/s"));
+        assert_eq!(r.log_file.as_deref(), Some(Path::new("/l/kroce-cni.log")));
+        for key in cni_env::ALL {
+            let e =
+                Roots::from_env(|k| (k == *key).then(|| "relative/dir".to_string())).unwrap_err();
+            assert_eq!(e.code, code::INVALID_ENV, "{key}: {e}");
+            assert!(e.msg.contains(key) && e.msg.contains("relative/dir"), "{e}");
+        }
+    }
 }

@@ -13,15 +13,40 @@ use crate::netns::Netns;
 use crate::protocol::{CniArgs, Command};
 use crate::rdma::Moved;
 use crate::state::Claim;
-use std::path::Path;
+use crate::vf::Target;
+use sriov_helpers::HostRoot;
+use std::path::{Path, PathBuf};
 
-/// Whether `l` is the claim's VF netdev: the PCI parent when the kernel
-/// reports one (real VFs), else the recorded ifindex (virtual stand-ins).
-pub fn is_our_link(l: &LinkInfo, claim: &Claim) -> bool {
-    // A soft device's netdev may sit on a PCI NIC: only VFs go by parent.
-    match (&l.parent_dev, claim.vf.pci()) {
-        (Some(p), Some(pci)) => *p == pci.to_string(),
-        _ => l.index == claim.original.link.index || Some(l.index) == claim.pod_ifindex,
+/// The IPAM plugin a release may run: the current config's `ipam.type` (a
+/// bare file name, checked at parse) found on the runtime's `CNI_PATH`.
+/// Nothing a claim file records (plugin, `CNI_PATH`) is ever executed.
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseIpam<'a> {
+    pub plugin: Option<&'a str>,
+    pub path: &'a [PathBuf],
+}
+
+/// Where a link was looked up.
+#[derive(Debug, Clone, Copy)]
+pub enum Seen<'a> {
+    /// In the claim's pod netns, under the claim's ifname.
+    Pod,
+    /// In the host netns, whose sysfs is under this root.
+    Host(&'a HostRoot),
+}
+
+/// Whether `l` is the claim's netdev. A VF: the PCI parent when the kernel
+/// reports one (real VFs); else the recorded ifindex, and in the host netns
+/// also sysfs' `device` link (virtual stand-ins, older kernels). A soft
+/// device (whose netdev may sit on any NIC): the recorded ifindex, and in
+/// the host netns also sysfs naming `l` as its parent now. An ifindex alone
+/// never decides in the host netns: a claim could name any host link's.
+pub fn is_our_link(l: &LinkInfo, claim: &Claim, seen: Seen<'_>) -> bool {
+    let index = l.index == claim.original.link.index || Some(l.index) == claim.pod_ifindex;
+    match (&claim.vf, &l.parent_dev, seen) {
+        (Target::Vf(v), Some(p), _) => *p == v.pci.to_string(),
+        (_, _, Seen::Pod) => index,
+        (target, _, Seen::Host(root)) => index && crate::vf::host_link_is(root, l, target).is_ok(),
     }
 }
 
@@ -41,8 +66,9 @@ pub fn find_host_link(
     claim: &Claim,
     node: &Node,
 ) -> Result<Option<LinkInfo>, LinkError> {
+    let seen = Seen::Host(&node.host_root);
     if let Some(l) = host.by_index(claim.original.link.index)?
-        && is_our_link(&l, claim)
+        && is_our_link(&l, claim, seen)
     {
         return Ok(Some(l));
     }
@@ -54,7 +80,7 @@ pub fn find_host_link(
     }
     for n in names {
         if let Some(l) = host.by_name(&n)?
-            && is_our_link(&l, claim)
+            && is_our_link(&l, claim, seen)
         {
             return Ok(Some(l));
         }
@@ -97,7 +123,7 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     if let Some(ns) = &pod_ns {
         match b.links.open(ns) {
             Ok(mut pod) => match pod.by_name(&claim.ifname) {
-                Ok(Some(l)) if is_our_link(&l, claim) => {
+                Ok(Some(l)) if is_our_link(&l, claim, Seen::Pod) => {
                     // Its own ifindex back when free; any ifindex otherwise.
                     let r = match pod.move_to(
                         l.index,
@@ -127,9 +153,33 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     }
 
     // 3. PF-side attributes (before the netdev's own MAC: on real VFs a
-    //    PF-side MAC change rewrites the VF netdev's address).
+    //    PF-side MAC change rewrites the VF netdev's address). Only on the
+    //    PF and VF index the host says the claimed PCI address is now: a
+    //    claim's recorded PF and index never choose another VF.
+    let current_vf = match (&claim.original.vf, claim.vf.vf()) {
+        (Some(_), Some(vf)) => match crate::vf::resolve(&node.host_root, vf.pci) {
+            Ok(cur) => {
+                if (cur.pf_ifname.as_str(), cur.vf_index) != (vf.pf_ifname.as_str(), vf.vf_index) {
+                    log.warn(&format!(
+                        "{}: the claim says VF {} of {}, the host says VF {} of {}: restoring the host's",
+                        claim.vf, vf.vf_index, vf.pf_ifname, cur.vf_index, cur.pf_ifname
+                    ));
+                }
+                Some(cur)
+            }
+            Err(e @ crate::vf::VfError::NotFound { .. }) => {
+                log.info(&format!("already gone: {e}"));
+                None
+            }
+            Err(e) => {
+                errors.push(format!("PF-side settings not restored: {e}"));
+                None
+            }
+        },
+        _ => None,
+    };
     if let Some(orig_vf) = &claim.original.vf
-        && let Some(vf) = claim.vf.vf()
+        && let Some(vf) = &current_vf
     {
         for s in &claim.planned.vf_settings {
             let Some(o) = s.original_in(orig_vf) else {
@@ -199,6 +249,46 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     errors
 }
 
+/// The IPAM DEL request of a claimed attachment: its recorded config and
+/// `CNI_ARGS`, but the plugin and `CNI_PATH` of this call. `None` without
+/// IPAM, or (with a warning) when the recorded plugin is not this config's:
+/// its lease then stays in its store, nothing the claim names is run.
+fn claim_ipam_del<'a>(
+    claim: &'a Claim,
+    args: &'a CniArgs,
+    current: ReleaseIpam<'a>,
+    netns: Option<&'a Path>,
+    log: &Logger,
+) -> Option<IpamRequest<'a>> {
+    let recorded = claim
+        .config
+        .get("ipam")
+        .and_then(|i| i.get("type"))
+        .and_then(serde_json::Value::as_str)
+        .filter(|t| !t.is_empty())?;
+    match current.plugin {
+        Some(p) if p == recorded => Some(IpamRequest {
+            command: Command::Del,
+            plugin: p,
+            config: &claim.config,
+            container_id: Some(&claim.container_id),
+            netns,
+            ifname: Some(&claim.ifname),
+            args,
+            path: current.path,
+        }),
+        other => {
+            log.warn(&format!(
+                "{}: the claim's IPAM plugin {recorded:?} is not this config's ({}): \
+                 its IPAM DEL is not run (a lease it gave, if any, stays in its store)",
+                claim.vf,
+                other.map_or_else(|| "none".to_string(), |p| format!("{p:?}"))
+            ));
+            None
+        }
+    }
+}
+
 /// The IPAM DEL request of one attachment (with that attachment's config,
 /// `CNI_ARGS` and `CNI_PATH`); `None` without IPAM.
 fn ipam_del_request<'a>(
@@ -248,23 +338,17 @@ pub fn ipam_release(
 /// Everything of an attachment recorded in `claim`: the VF, its IPAM lease
 /// and memlock entry, and the claim itself when nothing failed. The caller
 /// holds the VF lock (and removes the lock file when it is done with the
-/// VF: a takeover keeps using it).
+/// VF: a takeover keeps using it). `ipam_now`: see [`ReleaseIpam`].
 pub fn release_claim(
     claim: &Claim,
     node: &Node,
     b: &mut Backends<'_>,
     log: &Logger,
+    ipam_now: ReleaseIpam<'_>,
 ) -> Vec<String> {
     let args = CniArgs::parse(&claim.cni_args).unwrap_or_default();
     let netns = Some(Path::new(&claim.netns)).filter(|p| crate::netns::is_alive(p));
-    let req = ipam_del_request(
-        &claim.config,
-        &args,
-        &claim.cni_path,
-        &claim.container_id,
-        &claim.ifname,
-        netns,
-    );
+    let req = claim_ipam_del(claim, &args, ipam_now, netns, log);
     // A delegate that does not need the link releases while the VF goes
     // back (see ADD); any other after it, as always.
     let early = req

@@ -5,12 +5,13 @@
 
 use super::faults::{Faults, FaultyIpam, FaultyOpener, FaultyRdma, FaultyVf};
 use super::recording::{RecordingRdma, RecordingVfConfig};
-use crate::commands::{self, Backends, Node, Request};
+use crate::commands::{self, Backends, Node, Request, Roots};
 use crate::ipam::ExecIpam;
 use crate::links::RtnlOpener;
 use crate::log::Logger;
 use crate::netns::Netns;
 use crate::protocol::{CniEnv, CniError};
+use kroce_contracts::cni_env;
 use serde_json::{Value, json};
 use sriov_helpers::fixture::FixtureHost;
 use std::collections::HashMap;
@@ -327,9 +328,6 @@ impl TestBed {
             "name": self.network,
             "type": "kroce-cni",
             "deviceID": self.vf_pci(0),
-            "hostRoot": self.fixture.path(),
-            "procRoot": "/proc",
-            "stateDir": self.state.path(),
             "ipam": {
                 "type": "host-local",
                 "dataDir": self.ipam_data.path(),
@@ -349,8 +347,52 @@ impl TestBed {
         c
     }
 
-    pub fn env(&self, command: &str, cid: &str, ifname: &str) -> HashMap<String, String> {
+    /// Makes sysfs also know `name` as VF `i`'s netdev
+    /// (`class/net/<name>` -> its netdev dir): the kernel's sysfs follows a
+    /// rename (a VF back from a dead netns as `devN` or under its pod
+    /// name), the fixture's does not, and release checks sysfs before it
+    /// touches a host link.
+    pub fn sysfs_alias(&self, name: &str, i: u32) -> io::Result<()> {
+        let dir = self
+            .fixture
+            .path()
+            .join("sys/bus/pci/devices")
+            .join(self.vf_pci(i));
+        let netdev = std::fs::read_dir(std::fs::canonicalize(&dir)?.join("net"))?
+            .flatten()
+            .next()
+            .map(|e| e.path())
+            .ok_or_else(|| io::Error::other(format!("{} has no netdev", dir.display())))?;
+        std::os::unix::fs::symlink(netdev, self.fixture.path().join("sys/class/net").join(name))
+    }
+
+    /// The node kroce-cni sees: the fixture's sysfs and `dev/`, the real
+    /// `/proc`, this bed's state dir.
+    pub fn roots(&self) -> Roots {
+        Roots {
+            proc: PathBuf::from("/proc"),
+            state_dir: self.state.path().to_path_buf(),
+            ..Roots::under(self.fixture.path())
+        }
+    }
+
+    /// [`Self::roots`] as the plugin binary reads them: the runtime's
+    /// environment (`KROCE_CNI_*`).
+    pub fn root_env(&self) -> HashMap<String, String> {
+        let r = self.roots();
         let mut m = HashMap::new();
+        m.insert(
+            cni_env::HOST_ROOT.into(),
+            self.fixture.path().display().to_string(),
+        );
+        m.insert(cni_env::PROC_ROOT.into(), r.proc.display().to_string());
+        m.insert(cni_env::STATE_DIR.into(), r.state_dir.display().to_string());
+        m
+    }
+
+    /// The `CNI_*` environment of one call, plus [`Self::root_env`].
+    pub fn env(&self, command: &str, cid: &str, ifname: &str) -> HashMap<String, String> {
+        let mut m = self.root_env();
         m.insert("CNI_COMMAND".into(), command.into());
         m.insert("CNI_CONTAINERID".into(), cid.into());
         m.insert("CNI_NETNS".into(), self.pod.path.display().to_string());
@@ -387,7 +429,7 @@ impl TestBed {
                 .host
                 .open()
                 .map_err(|e| CniError::new(5, e.to_string()))?;
-            let mut node = Node::from_conf(&conf, |_| None, host);
+            let mut node = Node::new(&self.roots(), host);
             node.runtime_pids = vec!["self".into()];
             node.lock_timeout = std::time::Duration::from_secs(10);
             let req = Request { env: cni_env, conf };

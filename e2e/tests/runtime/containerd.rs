@@ -27,6 +27,9 @@ pub struct Containerd {
     pub cni_bin: PathBuf,
     pub cni_conf: PathBuf,
     pub log: PathBuf,
+    /// Extra environment for containerd, which it passes on to the CNI
+    /// plugins it runs (kroce-cni's `KROCE_CNI_*` roots).
+    pub env: Vec<(String, String)>,
     bin: PathBuf,
     netns: PathBuf,
     child: Option<Child>,
@@ -108,6 +111,7 @@ impl Containerd {
             cni_bin,
             cni_conf,
             log: dir.join("containerd.log"),
+            env: Vec::new(),
             bin: peers.containerd_bin.clone(),
             netns: netns.to_path_buf(),
             child: None,
@@ -128,6 +132,7 @@ impl Containerd {
         cmd.arg("--config")
             .arg(self.dir.join("config.toml"))
             .env("PATH", path)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));
