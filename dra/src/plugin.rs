@@ -18,7 +18,7 @@ use crate::publish::SlicePublisher;
 use crate::server::{DraService, HealthService, RegistrationService, RegistrationState};
 use crate::sharing::SharingRules;
 use crate::slice::{self, Pool, Sharing};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use inotify::{Inotify, WatchMask};
 use kroce_device_plugin::files;
 use kroce_device_plugin::grpc_uds;
@@ -288,6 +288,9 @@ async fn run(
             _ = registry_events.notified() => false,
             _ = tick.tick() => true,
             Some(()) = api_changes.next() => {
+                // One pass for a burst (our own apply of several slices
+                // arrives as several events).
+                while let Some(Some(())) = api_changes.next().now_or_never() {}
                 // Our slices changed in the API (deleted by a restarting
                 // kubelet, by hand, ...): read them again and converge.
                 // Events of our own writes land here too; reading back the

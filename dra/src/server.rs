@@ -110,7 +110,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
                         .iter()
                         .map(|d| format!("{}/{}", d.pool, d.device))
                         .collect();
-                    tracing::info!(claim = %claim, uid = %claim.uid, devices = ?names, "prepared");
+                    tracing::info!(claim = %claim, devices = ?names, "prepared");
                     dra::NodePrepareResourceResponse {
                         devices: devices
                             .into_iter()
@@ -125,7 +125,7 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(claim = %claim, uid = %claim.uid, error = %e, "prepare failed");
+                    tracing::warn!(claim = %claim, error = %e, "prepare failed");
                     dra::NodePrepareResourceResponse {
                         devices: Vec::new(),
                         error: e.to_string(),
@@ -146,11 +146,11 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
             let claim = claim_ref(c);
             let error = match self.state.unprepare(&claim).await {
                 Ok(()) => {
-                    tracing::info!(claim = %claim, uid = %claim.uid, "unprepared");
+                    tracing::info!(claim = %claim, "unprepared");
                     String::new()
                 }
                 Err(e) => {
-                    tracing::warn!(claim = %claim, uid = %claim.uid, error = %e, "unprepare failed");
+                    tracing::warn!(claim = %claim, error = %e, "unprepare failed");
                     e.to_string()
                 }
             };

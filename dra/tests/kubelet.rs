@@ -643,3 +643,34 @@ async fn a_claim_cannot_override_its_class_vlan() {
     assert_eq!(r.claims[allowed_uid].error, "");
     plugin.stop().await;
 }
+
+/// Issue 24 item 4: a user sees at info level that the plugin started, that
+/// the kubelet registered it, and each prepare and unprepare with the
+/// claim and its devices.
+#[tokio::test]
+async fn info_logs_show_start_registration_prepare_and_unprepare() {
+    let logs = kroce_device_plugin::testing::CapturedLogs::default();
+    let _guard = tracing::subscriber::set_default(logs.subscriber(tracing::Level::INFO));
+    let (rig, kubelet, plugin) = started().await;
+    let mut st = plugin.registration.clone();
+    st.wait_for(|s| s.registered).await.unwrap();
+    let uid = "6c1d3e0a-0000-4000-8000-0000000000f1";
+    let claim = vf_claim(&rig, "logged", uid, "vf-0000-3b-00-4", &[]);
+    assert_eq!(
+        kubelet.prepare_claim(&claim).await.unwrap().claims[uid].error,
+        ""
+    );
+    kubelet.unprepare_claim(&claim).await.unwrap();
+    plugin.stop().await;
+    let text = logs.text();
+    for want in [
+        "DRA plugin serving; waiting for the kubelet to register it",
+        "node=node-a devices=16",
+        "the kubelet asked for plugin info (registration)",
+        "registered with the kubelet",
+        &format!("prepared claim=default/logged (uid {uid}) devices=[\"node-a/vf-0000-3b-00-4\"]"),
+        &format!("unprepared claim=default/logged (uid {uid})"),
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
