@@ -1,5 +1,6 @@
-//! Generates the kubelet's DRA plugin API (dra/v1) and plugin registration
-//! API (pluginregistration/v1) with protox, so no system `protoc` is needed.
+//! Generates the kubelet's DRA plugin API (dra/v1), its device health API
+//! (dra-health/v1alpha1) and the plugin registration API
+//! (pluginregistration/v1) with protox, so no system `protoc` is needed.
 
 use std::path::PathBuf;
 
@@ -9,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         proto_root.join("dra/v1/api.proto"),
         proto_root.join("pluginregistration/v1/api.proto"),
+        proto_root.join("dra-health/v1alpha1/api.proto"),
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={}", p.display());

@@ -4,9 +4,12 @@
 //! returns fully qualified names like `kroce.io/rdma_vf=0000-3b-00.2`.
 
 use crate::allocation::device_nodes;
+use crate::inventory::Candidate;
 use crate::resource_name::{ResourceName, VENDOR_DOMAIN};
 use crate::snapshot::PoolSnapshot;
 use serde::{Deserialize, Serialize};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 /// hostPath on device nodes needs 0.5.0; 0.6.0 is widely supported
 /// (containerd 1.7+, CRI-O 1.28+).
@@ -39,6 +42,43 @@ pub struct DeviceNode {
     pub path: String,
     pub host_path: String,
     pub permissions: String,
+    /// The node's permission bits in the container (CDI `fileMode`, a
+    /// number). Without it runtimes create the node 0666 (containerd 2.1
+    /// was seen to), wider than the host's `umadN` 0600: copied from the
+    /// host node, with its owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_mode: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+}
+
+/// The CDI device nodes of one device, each with the permission bits and
+/// owner of the host's node under `dev_infiniband` (the plugin's view of
+/// the host's `/dev/infiniband`). A node that cannot be read (gone in the
+/// meantime) goes without them: the runtime's defaults, as before.
+pub fn device_nodes_on(c: &Candidate, dev_infiniband: &Path) -> Vec<DeviceNode> {
+    device_nodes(c)
+        .into_iter()
+        .map(|n| {
+            let name = n
+                .container_path
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let meta = std::fs::metadata(dev_infiniband.join(&name)).ok();
+            DeviceNode {
+                path: n.container_path,
+                host_path: n.host_path,
+                permissions: n.permissions,
+                file_mode: meta.as_ref().map(|m| m.mode() & 0o777),
+                uid: meta.as_ref().map(MetadataExt::uid),
+                gid: meta.as_ref().map(MetadataExt::gid),
+            }
+        })
+        .collect()
 }
 
 /// A CDI device name for a device ID. CDI names allow letters, digits,
@@ -66,8 +106,31 @@ pub fn file_name(resource: &ResourceName) -> String {
 }
 
 /// The spec for every device of a pool; `None` when it has none (an empty
-/// spec is invalid).
+/// spec is invalid). Device nodes without mode or owner: see
+/// [`spec_for_pool_on`].
 pub fn spec_for_pool(pool: &PoolSnapshot) -> Option<Spec> {
+    spec_with(pool, |c| {
+        device_nodes(c)
+            .into_iter()
+            .map(|n| DeviceNode {
+                path: n.container_path,
+                host_path: n.host_path,
+                permissions: n.permissions,
+                file_mode: None,
+                uid: None,
+                gid: None,
+            })
+            .collect()
+    })
+}
+
+/// [`spec_for_pool`] with each device node's mode and owner taken from the
+/// host's node under `dev_infiniband` ([`device_nodes_on`]).
+pub fn spec_for_pool_on(pool: &PoolSnapshot, dev_infiniband: &Path) -> Option<Spec> {
+    spec_with(pool, |c| device_nodes_on(c, dev_infiniband))
+}
+
+fn spec_with(pool: &PoolSnapshot, nodes: impl Fn(&Candidate) -> Vec<DeviceNode>) -> Option<Spec> {
     if pool.devices.is_empty() {
         return None;
     }
@@ -80,14 +143,7 @@ pub fn spec_for_pool(pool: &PoolSnapshot) -> Option<Spec> {
             .map(|d| Device {
                 name: device_name(&d.id),
                 container_edits: ContainerEdits {
-                    device_nodes: device_nodes(&d.candidate)
-                        .into_iter()
-                        .map(|n| DeviceNode {
-                            path: n.container_path,
-                            host_path: n.host_path,
-                            permissions: n.permissions,
-                        })
-                        .collect(),
+                    device_nodes: nodes(&d.candidate),
                 },
             })
             .collect(),
@@ -111,5 +167,62 @@ mod tests {
         );
         assert_eq!(device_name("rxe0"), "rxe0");
         assert_eq!(file_name(&r), "kroce.io-rdma_vf.json");
+    }
+
+    /// The spec's device nodes carry the host nodes' mode and owner: a
+    /// 0600 `umadN` stays 0600 in the container (without `fileMode` the
+    /// runtime made it 0666).
+    #[test]
+    fn device_nodes_keep_the_host_nodes_mode_and_owner() {
+        use crate::config::{Format, parse};
+        use crate::host_view::HostView;
+        use crate::inventory::{Memory, candidates};
+        use crate::snapshot::Snapshot;
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, fx) = crate::testing::connectx_pair();
+        let dev = fx.root().dev_infiniband();
+        for e in std::fs::read_dir(&dev).unwrap() {
+            let p = e.unwrap().path();
+            let umad = p.file_name().unwrap().to_string_lossy().starts_with("umad");
+            let mode = if umad { 0o600 } else { 0o666 };
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let cfg = parse(
+            "pools:\n- resourceName: vf\n  selectors: {devices: [\"101e\"]}\n",
+            Format::Yaml,
+        )
+        .unwrap();
+        let c = candidates(&HostView::scan(&fx.root()), &mut Memory::default());
+        let snap = Snapshot::build(&cfg, c, &|_, _| false);
+        let spec = spec_for_pool_on(&snap.pools[0], &dev).unwrap();
+        let owner = std::fs::metadata(&dev).unwrap();
+        let d = &spec.devices[0];
+        assert_eq!(d.container_edits.device_nodes.len(), 3);
+        for n in &d.container_edits.device_nodes {
+            let want = if n.path.contains("umad") {
+                0o600
+            } else {
+                0o666
+            };
+            assert_eq!(n.file_mode, Some(want), "{n:?}");
+            assert_eq!(n.uid, Some(owner.uid()));
+            assert_eq!(n.gid, Some(owner.gid()));
+        }
+        // On the wire: CDI's `fileMode` is a number.
+        let json = serde_json::to_value(&spec).unwrap();
+        let umad = json["devices"][0]["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["path"].as_str().unwrap().contains("umad"))
+            .unwrap()
+            .clone();
+        assert_eq!(umad["fileMode"], 384);
+        // Nodes that cannot be read go without (the runtime's default).
+        let gone = spec_for_pool_on(&snap.pools[0], &dev.join("missing")).unwrap();
+        assert_eq!(
+            gone.devices[0].container_edits.device_nodes[0].file_mode,
+            None
+        );
     }
 }

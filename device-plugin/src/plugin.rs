@@ -543,7 +543,7 @@ impl Reconciler {
             let res = &ps.pool.resource;
             present.insert(res.clone());
             let path = self.opts.cdi_dir.join(cdi::file_name(res));
-            match cdi::spec_for_pool(ps) {
+            match cdi::spec_for_pool_on(ps, &self.opts.host_root.dev_infiniband()) {
                 // Rewritten when it changed or someone removed it (e.g. the
                 // previous plugin pod cleaning up after a rolling update).
                 Some(spec) if self.cdi_written.get(res) != Some(&spec) || !path.exists() => {

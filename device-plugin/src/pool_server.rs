@@ -4,6 +4,7 @@
 //! the socket (it does on every restart) or re-creates `kubelet.sock`.
 
 use crate::api::{self, device_plugin_server::DevicePluginServer};
+use crate::grpc_uds;
 use crate::registration;
 use crate::resource_name::ResourceName;
 use crate::server::DevicePluginService;
@@ -14,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -178,11 +178,61 @@ async fn serve(
 ) {
     let result = tonic::transport::Server::builder()
         .add_service(DevicePluginServer::new(service))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+        // Through the `:authority` pump: grpc-go clients dialing the socket
+        // path send one h2 would refuse (see grpc_uds).
+        .serve_with_incoming_shutdown(grpc_uds::incoming(listener), async move {
             let _ = stop.wait_for(|s| *s).await;
         })
         .await;
     if let Err(e) = result {
         tracing::error!(%resource, error = %e, "gRPC server failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grpc_uds::frames::raw_grpc_calls;
+    use crate::snapshot::Snapshot;
+
+    /// grpc-go dialing the socket path sends it percent-encoded as
+    /// `:authority`; h2 alone resets such a stream (PROTOCOL_ERROR).
+    #[tokio::test]
+    async fn serves_a_client_whose_authority_is_the_percent_encoded_socket_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (_events_tx, events_rx) = watch::channel(0u64);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = PoolTask {
+            resource: ResourceName::parse("rdma/vf").unwrap(),
+            shared: Arc::new(Shared::new(snap_rx, false, dir.path().join("devinfo"))),
+            kubelet_dir: dir.path().to_path_buf(),
+            kubelet_events: events_rx,
+            stop: stop_rx,
+        };
+        let socket = task.socket();
+        let run = tokio::spawn(task.run());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !socket.exists() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let authority = socket.to_string_lossy().replace('/', "%2F").into_bytes();
+        let calls = [
+            ("/v1beta1.DevicePlugin/GetDevicePluginOptions", Vec::new()),
+            ("/v1beta1.DevicePlugin/GetDevicePluginOptions", Vec::new()),
+        ];
+        let res = tokio::time::timeout(
+            Duration::from_secs(5),
+            raw_grpc_calls(&socket, &authority, &calls),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        for r in &res {
+            assert_eq!(r.reset, None, "{r:?}");
+            assert_eq!(r.grpc_status().as_deref(), Some("0"), "{r:?}");
+        }
+        stop_tx.send(true).unwrap();
+        run.await.unwrap();
     }
 }

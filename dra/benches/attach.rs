@@ -137,6 +137,7 @@ fn main() {
         devinfo_dir: work.path().join("devinfo"),
         memlock_dir: None,
         network_dir: Some(network_dir),
+        dev_infiniband: None,
     };
     let claims = Arc::new(InMemoryClaims::default());
     let state = DriverState::open(

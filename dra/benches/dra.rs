@@ -72,6 +72,7 @@ fn prepare(c: &mut Criterion) {
             devinfo_dir: root.join("devinfo"),
             memlock_dir: Some(root.join("memlock")),
             network_dir: None,
+            dev_infiniband: None,
         },
         state_dir: root.join("state"),
         rescan: Duration::from_secs(60),

@@ -9,6 +9,11 @@ pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
+/// `v1alpha1`: the DRAResourceHealth service (device health to pod status).
+pub mod health {
+    tonic::include_proto!("v1alpha1");
+}
+
 /// `pluginregistration`: the Registration service every kubelet plugin serves.
 pub mod registration {
     tonic::include_proto!("pluginregistration");

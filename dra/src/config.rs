@@ -23,6 +23,18 @@
 //! only the fields it names. An entry applies to the requests it lists
 //! (none: every request). Every error names where the entry came from, the
 //! field and the value.
+//!
+//! The class's fields are the cluster admin's: a claim entry may set only
+//! the fields that a DeviceClass entry applying to the same request lists
+//! in `allowClaimOverrides` (empty by default: a claim sets nothing). Any
+//! other field from a claim fails the prepare, naming the field. An `ipam`
+//! from a claim (when allowed) never names a host path (`dataDir`, a
+//! socket path, any value starting with `/`), and an `ipam.type` is always
+//! a plugin name, never a path:
+//!
+//! ```yaml
+//!     allowClaimOverrides: [interfaceName, memlock]   # DeviceClass only
+//! ```
 
 use crate::driver::DRIVER_NAME;
 use kroce_contracts::Memlock;
@@ -33,6 +45,21 @@ use serde_json::Value;
 /// The opaque parameters' apiVersion and kind, shared with the operator,
 /// which writes them into DeviceClasses.
 pub use kroce_contracts::dra::{CONFIG_API_VERSION, CONFIG_KIND};
+/// The DeviceClass-only field listing what a claim may set.
+pub const ALLOW_CLAIM_OVERRIDES: &str = "allowClaimOverrides";
+/// The fields a class may allow a claim to set.
+pub const OVERRIDABLE: [&str; 8] = [
+    "vlan",
+    "mtu",
+    "ipam",
+    "memlock",
+    "rdmaNetnsMode",
+    "interfaceName",
+    "mac",
+    "attach",
+];
+/// IPAM keys that name host paths (host-local's `dataDir`, dhcp's socket).
+const IPAM_PATH_KEYS: [&str; 3] = ["dataDir", "daemonSocketPath", "socketPath"];
 /// IPv4's minimum and ConnectX's largest MTU.
 pub const MTU_RANGE: std::ops::RangeInclusive<u64> = 68..=9978;
 pub const MAX_VLAN: u64 = 4094;
@@ -191,18 +218,58 @@ fn unicast_mac(v: &Value) -> Result<String, String> {
     Ok(s.to_ascii_lowercase())
 }
 
+/// One entry, parsed: its fields, and (a class's) `allowClaimOverrides`.
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    config: ClaimConfig,
+    /// The configuration fields it names, with their values.
+    set: Vec<(String, Value)>,
+    /// `allowClaimOverrides`, with its value, when present.
+    allow: Option<(Vec<String>, Value)>,
+}
+
+fn allow_list(at: &str, v: &Value) -> Result<Vec<String>, ConfigError> {
+    let expected = || {
+        err(
+            at,
+            ALLOW_CLAIM_OVERRIDES,
+            v,
+            format!(
+                "expected a list of field names from {}",
+                OVERRIDABLE.join(", ")
+            ),
+        )
+    };
+    let list = v.as_array().ok_or_else(expected)?;
+    list.iter()
+        .map(|f| match f.as_str() {
+            Some(name) if OVERRIDABLE.contains(&name) => Ok(name.to_string()),
+            _ => Err(expected()),
+        })
+        .collect()
+}
+
 /// Parses and validates one entry's `parameters`. `at` names the entry.
 pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
+    parse_entry(parameters, at).map(|e| e.config)
+}
+
+fn parse_entry(parameters: &Value, at: &str) -> Result<Entry, ConfigError> {
     let Some(obj) = parameters.as_object() else {
         return Err(err(at, "parameters", parameters, "expected an object"));
     };
-    let mut out = ClaimConfig::default();
+    let mut entry = Entry::default();
+    let out = &mut entry.config;
     let mut api_version = None;
     let mut kind = None;
     for (k, v) in obj {
+        if OVERRIDABLE.contains(&k.as_str()) {
+            entry.set.push((k.clone(), v.clone()));
+        }
         match k.as_str() {
             "apiVersion" => api_version = Some(v),
             "kind" => kind = Some(v),
+            ALLOW_CLAIM_OVERRIDES => entry.allow = Some((allow_list(at, v)?, v.clone())),
             "vlan" => out.vlan = Some(uint(at, k, v, 0..=MAX_VLAN)? as u16),
             "mtu" => out.mtu = Some(uint(at, k, v, MTU_RANGE)? as u32),
             "ipam" => {
@@ -213,6 +280,16 @@ pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
                         k,
                         v,
                         "expected a CNI IPAM object with a non-empty \"type\"",
+                    ));
+                }
+                // Resolved on the runtime's CNI path, run as root: a name,
+                // never a path to a program.
+                if ty.contains('/') || ty.starts_with('.') {
+                    return Err(err(
+                        at,
+                        "ipam.type",
+                        &Value::from(ty),
+                        "expected an IPAM plugin name (found on the runtime's CNI path), not a path",
                     ));
                 }
                 out.ipam = Some(v.clone());
@@ -247,7 +324,7 @@ pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
                     at,
                     k,
                     v,
-                    "unknown field (known: apiVersion, kind, vlan, mtu, ipam, memlock, rdmaNetnsMode, interfaceName, mac, attach)",
+                    "unknown field (known: apiVersion, kind, vlan, mtu, ipam, memlock, rdmaNetnsMode, interfaceName, mac, attach, allowClaimOverrides)",
                 ));
             }
         }
@@ -264,29 +341,122 @@ pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
     };
     want("apiVersion", api_version, CONFIG_API_VERSION)?;
     want("kind", kind, CONFIG_KIND)?;
-    Ok(out)
+    Ok(entry)
+}
+
+/// Strings anywhere in a claim's `ipam` that name a host path.
+fn ipam_host_path(path: &str, v: &Value) -> Option<(String, Value)> {
+    match v {
+        Value::String(s) if s.starts_with('/') => Some((path.to_string(), v.clone())),
+        Value::Object(o) => o.iter().find_map(|(k, x)| {
+            let field = format!("{path}.{k}");
+            if IPAM_PATH_KEYS.contains(&k.as_str()) {
+                Some((field, x.clone()))
+            } else {
+                ipam_host_path(&field, x)
+            }
+        }),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| ipam_host_path(&format!("{path}[{i}]"), x)),
+        _ => None,
+    }
+}
+
+/// A claim entry sets only what `allowed` (the class's allow-lists) names,
+/// never the allow-list itself, and its `ipam` names no host path.
+fn check_claim_entry(
+    entry: &Entry,
+    allowed: &std::collections::BTreeSet<String>,
+    at: &str,
+) -> Result<(), ConfigError> {
+    if let Some((_, v)) = &entry.allow {
+        return Err(err(
+            at,
+            ALLOW_CLAIM_OVERRIDES,
+            v,
+            "only a DeviceClass's config may say what claims may set",
+        ));
+    }
+    for (field, v) in &entry.set {
+        if !allowed.contains(field) {
+            let may = if allowed.is_empty() {
+                "nothing".to_string()
+            } else {
+                allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+            };
+            return Err(err(
+                at,
+                field,
+                v,
+                format!(
+                    "set by the DeviceClass only: its config lets a claim set {may} \
+                     (the class's {ALLOW_CLAIM_OVERRIDES})"
+                ),
+            ));
+        }
+        if field == "ipam"
+            && let Some((path, value)) = ipam_host_path("ipam", v)
+        {
+            return Err(err(
+                at,
+                &path,
+                &value,
+                "a claim's ipam cannot name a path on the host",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The fields claims may set: the union of the class entries' allow-lists.
+fn allowed_by<'a>(
+    classes: impl Iterator<Item = &'a OpaqueConfig>,
+) -> Result<std::collections::BTreeSet<String>, ConfigError> {
+    let mut allowed = std::collections::BTreeSet::new();
+    for c in classes.filter(|c| c.source == ConfigSource::FromClass) {
+        if let Some((list, _)) = parse_entry(&c.parameters, &c.location())?.allow {
+            allowed.extend(list);
+        }
+    }
+    Ok(allowed)
 }
 
 /// The effective configuration of `request`: this driver's entries that
-/// apply to it, class entries first, claim entries over them.
+/// apply to it, class entries first, claim entries over them (each claim
+/// field allowed by a class entry applying to the request).
 pub fn effective(configs: &[OpaqueConfig], request: &str) -> Result<ClaimConfig, ConfigError> {
     let mut mine: Vec<&OpaqueConfig> = configs
         .iter()
         .filter(|c| c.driver == DRIVER_NAME && c.applies_to(request))
         .collect();
     mine.sort_by_key(|c| (c.source, c.index));
+    let allowed = allowed_by(mine.iter().copied())?;
     let mut out = ClaimConfig::default();
     for c in mine {
-        out.overlay(parse(&c.parameters, &c.location())?);
+        let at = c.location();
+        let entry = parse_entry(&c.parameters, &at)?;
+        if c.source == ConfigSource::FromClaim {
+            check_claim_entry(&entry, &allowed, &at)?;
+        }
+        out.overlay(entry.config);
     }
     Ok(out)
 }
 
 /// Validates every entry of this driver, whether or not a request of ours
-/// uses it: a typo anywhere fails the claim instead of being ignored.
+/// uses it: a typo anywhere fails the claim instead of being ignored, and
+/// a claim entry setting what no class allows is refused.
 pub fn validate_all(configs: &[OpaqueConfig]) -> Result<(), ConfigError> {
-    for c in configs.iter().filter(|c| c.driver == DRIVER_NAME) {
-        parse(&c.parameters, &c.location())?;
+    let mine = || configs.iter().filter(|c| c.driver == DRIVER_NAME);
+    let allowed = allowed_by(mine())?;
+    for c in mine() {
+        let at = c.location();
+        let entry = parse_entry(&c.parameters, &at)?;
+        if c.source == ConfigSource::FromClaim {
+            check_claim_entry(&entry, &allowed, &at)?;
+        }
     }
     Ok(())
 }
@@ -432,7 +602,7 @@ mod tests {
                 ConfigSource::FromClass,
                 0,
                 &[],
-                params(json!({"vlan": 100, "mtu": 9000})),
+                params(json!({"vlan": 100, "mtu": 9000, "allowClaimOverrides": ["vlan", "mtu"]})),
             ),
             entry(
                 ConfigSource::FromClaim,
@@ -458,5 +628,140 @@ mod tests {
         let o = effective(&configs, "other").unwrap();
         assert_eq!((o.vlan, o.mtu), (Some(100), Some(1500)));
         assert_eq!(effective(&configs, "rdmax").unwrap().vlan, Some(100));
+    }
+
+    fn class_and_claim(class: Value, claim: Value) -> Vec<OpaqueConfig> {
+        vec![
+            entry(ConfigSource::FromClass, 0, &[], params(class)),
+            entry(ConfigSource::FromClaim, 1, &[], params(claim)),
+        ]
+    }
+
+    fn refused(configs: &[OpaqueConfig]) -> String {
+        let a = validate_all(configs).unwrap_err().to_string();
+        let b = effective(configs, "rdma").unwrap_err().to_string();
+        assert_eq!(a, b);
+        a
+    }
+
+    #[test]
+    fn a_claim_cannot_override_the_class_vlan_by_default() {
+        let e = refused(&class_and_claim(json!({"vlan": 100}), json!({"vlan": 200})));
+        assert!(
+            e.starts_with("status.allocation.devices.config[1] (from the claim): opaque parameters field vlan: 200 is invalid: set by the DeviceClass only: its config lets a claim set nothing"),
+            "{e}"
+        );
+        // Nor set one the class left out, nor any other field.
+        for f in [
+            json!({"vlan": 7}),
+            json!({"mac": "02:00:00:00:00:01"}),
+            json!({"attach": false}),
+            json!({"interfaceName": "rdma0"}),
+            json!({"memlock": "1Gi"}),
+        ] {
+            let e = refused(&class_and_claim(json!({}), f.clone()));
+            assert!(e.contains("set by the DeviceClass only"), "{f}: {e}");
+        }
+        // Allowed fields pass; the others are still refused, naming the list.
+        let class = json!({"vlan": 100, "allowClaimOverrides": ["interfaceName", "memlock"]});
+        let ok = class_and_claim(
+            class.clone(),
+            json!({"interfaceName": "rdma0", "memlock": "1Gi"}),
+        );
+        validate_all(&ok).unwrap();
+        let c = effective(&ok, "rdma").unwrap();
+        assert_eq!(
+            (c.vlan, c.interface_name.as_deref()),
+            (Some(100), Some("rdma0"))
+        );
+        let e = refused(&class_and_claim(class, json!({"vlan": 5})));
+        assert!(e.contains("field vlan: 5 is invalid: set by the DeviceClass only: its config lets a claim set interfaceName, memlock (the class's allowClaimOverrides)"), "{e}");
+    }
+
+    #[test]
+    fn only_a_class_allows_and_only_known_fields() {
+        let e = refused(&class_and_claim(
+            json!({}),
+            json!({"allowClaimOverrides": ["vlan"], "vlan": 3}),
+        ));
+        assert!(
+            e.contains("field allowClaimOverrides: [\"vlan\"] is invalid: only a DeviceClass"),
+            "{e}"
+        );
+        let e = validate_all(&class_and_claim(
+            json!({"allowClaimOverrides": ["stateDir"]}),
+            json!({}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("(from the DeviceClass): opaque parameters field allowClaimOverrides: [\"stateDir\"] is invalid: expected a list of field names from vlan, mtu"), "{e}");
+        // An allow-list of a class entry for another request allows nothing here.
+        let configs = vec![
+            entry(
+                ConfigSource::FromClass,
+                0,
+                &["other"],
+                params(json!({"allowClaimOverrides": ["vlan"]})),
+            ),
+            entry(
+                ConfigSource::FromClaim,
+                1,
+                &["rdma"],
+                params(json!({"vlan": 9})),
+            ),
+        ];
+        assert!(
+            effective(&configs, "rdma")
+                .unwrap_err()
+                .to_string()
+                .contains("field vlan: 9")
+        );
+    }
+
+    #[test]
+    fn a_claims_ipam_never_names_a_host_path() {
+        let class = json!({"allowClaimOverrides": ["ipam"]});
+        let ok = class_and_claim(
+            class.clone(),
+            json!({"ipam": {"type": "host-local",
+            "ranges": [[{"subnet": "10.56.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}}),
+        );
+        validate_all(&ok).unwrap();
+        for (ipam, field) in [
+            (
+                json!({"type": "host-local", "dataDir": "/tmp/x"}),
+                "field ipam.dataDir: \"/tmp/x\"",
+            ),
+            (
+                json!({"type": "dhcp", "daemonSocketPath": "run/x.sock"}),
+                "field ipam.daemonSocketPath",
+            ),
+            (
+                json!({"type": "static", "addresses": [{"address": "/etc/passwd"}]}),
+                "field ipam.addresses[0].address",
+            ),
+        ] {
+            let e = refused(&class_and_claim(class.clone(), json!({"ipam": ipam})));
+            assert!(
+                e.contains(field) && e.contains("cannot name a path on the host"),
+                "{e}"
+            );
+        }
+        // Unless allowed, an ipam from a claim is refused outright.
+        let e = refused(&class_and_claim(
+            json!({}),
+            json!({"ipam": {"type": "host-local"}}),
+        ));
+        assert!(e.contains("field ipam: "), "{e}");
+        // A type is a plugin name for anyone, the class included.
+        let e = parse(&params(json!({"ipam": {"type": "/tmp/payload"}})), "a")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "field ipam.type: \"/tmp/payload\" is invalid: expected an IPAM plugin name"
+            ),
+            "{e}"
+        );
     }
 }

@@ -8,7 +8,8 @@ use crate::slice::Published;
 use kroce_device_plugin::files::{self, FileError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
@@ -49,7 +50,8 @@ pub struct DriverState {
     node: String,
     paths: Paths,
     claims: Arc<dyn ClaimSource>,
-    inventory: RwLock<Arc<Inventory>>,
+    /// The last scan's devices; receivers (the health stream) see each new one.
+    inventory: watch::Sender<Arc<Inventory>>,
     checkpoint_path: PathBuf,
     /// Held from planning to the checkpoint save of a prepare, and across an
     /// unprepare: the kubelet may call concurrently, and two claims must
@@ -69,7 +71,7 @@ impl DriverState {
             node: node.to_string(),
             paths,
             claims,
-            inventory: RwLock::default(),
+            inventory: watch::Sender::new(Arc::default()),
             checkpoint_path,
             checkpoint: tokio::sync::Mutex::new(cp),
         })
@@ -84,17 +86,17 @@ impl DriverState {
             .into_iter()
             .map(|p| (p.device.name.clone(), p))
             .collect();
-        *self
-            .inventory
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(inv);
+        self.inventory.send_replace(Arc::new(inv));
     }
 
-    fn inventory(&self) -> Arc<Inventory> {
-        self.inventory
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    /// The last scan's devices.
+    pub fn inventory(&self) -> Arc<Inventory> {
+        self.inventory.borrow().clone()
+    }
+
+    /// Sees every new scan's devices.
+    pub fn watch_inventory(&self) -> watch::Receiver<Arc<Inventory>> {
+        self.inventory.subscribe()
     }
 
     /// Names of prepared devices (their netdev may be in a pod: not a fault).

@@ -106,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
             devinfo_dir: cli.devinfo_dir,
             memlock_dir: (!cli.memlock_dir.as_os_str().is_empty()).then_some(cli.memlock_dir),
             network_dir: network_dir.clone(),
+            dev_infiniband: Some(HostRoot::new(&cli.host_root).dev_infiniband()),
         },
         state_dir: cli.state_dir,
         rescan: Duration::from_millis(cli.rescan_ms),

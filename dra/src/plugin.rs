@@ -4,7 +4,9 @@
 //! the ResourceSlices, and a clean stop that removes both sockets.
 
 use crate::api::{
-    dra::dra_plugin_server::DraPluginServer, registration::registration_server::RegistrationServer,
+    dra::dra_plugin_server::DraPluginServer,
+    health::dra_resource_health_server::DraResourceHealthServer,
+    registration::registration_server::RegistrationServer,
 };
 use crate::checkpoint;
 use crate::claims::ClaimSource;
@@ -13,12 +15,13 @@ use crate::driver_state::DriverState;
 use crate::facts::HostFacts;
 use crate::prepare::Paths;
 use crate::publish::SlicePublisher;
-use crate::server::{DraService, RegistrationService, RegistrationState};
+use crate::server::{DraService, HealthService, RegistrationService, RegistrationState};
 use crate::sharing::SharingRules;
 use crate::slice::{self, Pool, Sharing};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use inotify::{Inotify, WatchMask};
 use kroce_device_plugin::files;
+use kroce_device_plugin::grpc_uds;
 use kroce_device_plugin::inventory::Memory;
 use kroce_device_plugin::uds::{self, FileId, UdsError};
 use sriov_helpers::HostRoot;
@@ -27,7 +30,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/kroce/dra";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
@@ -79,7 +81,10 @@ impl Serving {
                 let _ = stop_rx.wait_for(|s| *s).await;
             };
             if let Err(e) = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                // The kubelet's plugin watcher sends the percent-encoded
+                // socket path as `:authority`, which h2 refuses: every
+                // connection goes through the pump that replaces it.
+                .serve_with_incoming_shutdown(grpc_uds::incoming(listener), shutdown)
                 .await
             {
                 tracing::error!(error = %e, "gRPC server failed");
@@ -166,7 +171,10 @@ impl Plugin {
         let service = Serving::start(
             &service_path,
             tonic::transport::Server::builder()
-                .add_service(DraPluginServer::new(DraService::new(state.clone()))),
+                .add_service(DraPluginServer::new(DraService::new(state.clone())))
+                .add_service(DraResourceHealthServer::new(HealthService::new(
+                    state.clone(),
+                ))),
         )?;
         let (reg_tx, reg_rx) = watch::channel(RegistrationState::default());
         let reg_path = driver::registration_socket(&opts.kubelet_dir);
@@ -183,6 +191,14 @@ impl Plugin {
             }
         };
         let registration = bind_registration(&reg_path)?;
+        tracing::info!(
+            driver = DRIVER_NAME,
+            node = %opts.node,
+            devices = state.inventory().len(),
+            service = %service_path.display(),
+            registration = %reg_path.display(),
+            "DRA plugin serving; waiting for the kubelet to register it"
+        );
         let (binds_tx, binds_rx) = watch::channel(1u64);
         let registry_events = Arc::new(Notify::new());
         let watcher = watch_dir(&registry, registry_events.clone());
@@ -260,13 +276,30 @@ async fn run(
     let reg_path = driver::registration_socket(&opts.kubelet_dir);
     let registry = opts.kubelet_dir.join(driver::PLUGINS_REGISTRY);
     let mut pool: Option<Pool> = None;
+    // The highest generation we wrote: a pool read back after its slices
+    // were deleted goes on from there, never backwards.
+    let mut last_generation = 0i64;
     let mut tick = tokio::time::interval(opts.rescan);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut api_changes = publisher.changes(&opts.node);
     loop {
         let rescan = tokio::select! {
             _ = stop.notified() => break,
             _ = registry_events.notified() => false,
             _ = tick.tick() => true,
+            Some(()) = api_changes.next() => {
+                // One pass for a burst (our own apply of several slices
+                // arrives as several events).
+                while let Some(Some(())) = api_changes.next().now_or_never() {}
+                // Our slices changed in the API (deleted by a restarting
+                // kubelet, by hand, ...): read them again and converge.
+                // Events of our own writes land here too; reading back the
+                // same content writes nothing.
+                if let Some(p) = pool.take() {
+                    last_generation = last_generation.max(p.generation());
+                }
+                true
+            }
         };
         if !registration.in_place() {
             // Gone (or replaced): the kubelet only learns of us from a new
@@ -295,7 +328,14 @@ async fn run(
         state.set_inventory(published);
         if pool.is_none() {
             match publisher.existing(&opts.node).await {
-                Ok(e) => pool = Some(Pool::resume(&opts.node, e.generation, e.devices)),
+                Ok(e) => {
+                    if e.generation < last_generation && e.devices.is_none() {
+                        tracing::info!(node = %opts.node, generation = last_generation, "this node's ResourceSlices are gone from the API; publishing them again");
+                    }
+                    let generation = e.generation.max(last_generation);
+                    let devices = e.devices.filter(|_| e.generation == generation);
+                    pool = Some(Pool::resume(&opts.node, generation, devices));
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read this node's ResourceSlices; retrying");
                     continue;

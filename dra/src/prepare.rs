@@ -45,6 +45,10 @@ pub struct Paths {
     pub memlock_dir: Option<PathBuf>,
     /// `None`: VFs are not attached to pods (no network-attach requests).
     pub network_dir: Option<PathBuf>,
+    /// The host's `/dev/infiniband` as this plugin sees it: each CDI device
+    /// node gets the mode and owner of the host's node there (else the
+    /// runtime makes it 0666). `None`: no mode or owner in the specs.
+    pub dev_infiniband: Option<PathBuf>,
 }
 
 /// One device of a prepared claim, as NodePrepareResources returns it, with
@@ -176,13 +180,8 @@ pub struct CdiEdits {
     pub device_nodes: Vec<CdiNode>,
 }
 
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct CdiNode {
-    pub path: String,
-    pub host_path: String,
-    pub permissions: String,
-}
+/// One CDI device node: the device plugin's (mode and owner included).
+pub type CdiNode = kroce_device_plugin::cdi::DeviceNode;
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -209,7 +208,7 @@ fn encode<T: Serialize>(what: &Path, v: &T) -> Result<Vec<u8>, PlanError> {
     })
 }
 
-fn cdi_device(claim: &ClaimRef, device: &str, c: &Candidate) -> CdiDevice {
+fn cdi_device(claim: &ClaimRef, device: &str, c: &Candidate, paths: &Paths) -> CdiDevice {
     let nodes = device_nodes(c);
     let dev = env_part(device);
     let mut env = vec![format!(
@@ -241,14 +240,20 @@ fn cdi_device(claim: &ClaimRef, device: &str, c: &Candidate) -> CdiDevice {
         name: format!("{}-{device}", claim.uid),
         container_edits: CdiEdits {
             env,
-            device_nodes: nodes
-                .into_iter()
-                .map(|n| CdiNode {
-                    path: n.container_path,
-                    host_path: n.host_path,
-                    permissions: n.permissions,
-                })
-                .collect(),
+            device_nodes: match &paths.dev_infiniband {
+                Some(dir) => kroce_device_plugin::cdi::device_nodes_on(c, dir),
+                None => nodes
+                    .into_iter()
+                    .map(|n| CdiNode {
+                        path: n.container_path,
+                        host_path: n.host_path,
+                        permissions: n.permissions,
+                        file_mode: None,
+                        uid: None,
+                        gid: None,
+                    })
+                    .collect(),
+            },
         },
     }
 }
@@ -317,7 +322,7 @@ pub fn plan(
             config: cfg.clone(),
             published,
         });
-        cdi_devices.push(cdi_device(claim, name, c));
+        cdi_devices.push(cdi_device(claim, name, c, paths));
         if let Some(di) = crate::sharing::device_info_of(name, c) {
             let path = devinfo_file(paths, &claim.uid, name);
             let bytes = encode(&path, &di)?;

@@ -3,12 +3,16 @@
 //! the node's slices that are no longer part of the pool; the `testing`
 //! feature records them.
 
-use crate::driver::MANAGER;
+use crate::driver::{DRIVER_NAME, MANAGER};
 use crate::slice::NODE_LABEL;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -34,6 +38,11 @@ pub trait SlicePublisher: Send + Sync + std::fmt::Debug {
     async fn existing(&self, node: &str) -> Result<Existing, PublishError>;
     /// Stores exactly these slices for the node (removing others of it).
     async fn publish(&self, node: &str, slices: Vec<ResourceSlice>) -> Result<(), PublishError>;
+    /// Yields whenever this node's slices of this driver may have changed in
+    /// the API (someone else deleted or edited them: the kubelet deletes all
+    /// of its node's slices when it starts). The plugin then reads them again
+    /// and writes its own back if they differ. Never ends.
+    fn changes(&self, node: &str) -> BoxStream<'static, ()>;
 }
 
 /// Pure: the pool in a list of the node's slices — the highest generation,
@@ -173,6 +182,33 @@ impl SlicePublisher for KubePublisher {
             }
         }
         Ok(())
+    }
+
+    fn changes(&self, node: &str) -> BoxStream<'static, ()> {
+        // By field: the kubelet's own delete selects `spec.nodeName`, and
+        // a slice of ours that lost its label still counts.
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node},spec.driver={DRIVER_NAME}"));
+        let node = node.to_string();
+        watcher::watcher(self.api.clone(), config)
+            .default_backoff()
+            .filter_map(move |ev| {
+                let node = node.clone();
+                async move {
+                    match ev {
+                        // A change, or the end of a (re-)list: a watch that
+                        // restarted may have missed deletions.
+                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))
+                        | Ok(watcher::Event::InitDone) => Some(()),
+                        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+                        Err(e) => {
+                            tracing::warn!(node, error = %e, "watching this node's ResourceSlices; retrying");
+                            None
+                        }
+                    }
+                }
+            })
+            .boxed()
     }
 }
 

@@ -218,6 +218,8 @@ pub struct RecordingPublisher {
     stored: Mutex<BTreeMap<String, Vec<ResourceSlice>>>,
     writes: Mutex<u64>,
     fail: Mutex<bool>,
+    /// Bumped on every change to the store (a watch's events).
+    changed: watch::Sender<u64>,
 }
 
 impl RecordingPublisher {
@@ -234,6 +236,12 @@ impl RecordingPublisher {
     /// Makes publications fail (API server down) or work again.
     pub fn set_failing(&self, fail: bool) {
         *lock(&self.fail) = fail;
+    }
+
+    /// Deletes the node's slices, as the kubelet does when it starts.
+    pub fn delete_all(&self, node: &str) {
+        lock(&self.stored).remove(node);
+        self.changed.send_modify(|n| *n += 1);
     }
 }
 
@@ -253,7 +261,15 @@ impl SlicePublisher for RecordingPublisher {
         }
         lock(&self.stored).insert(node.to_string(), slices);
         *lock(&self.writes) += 1;
+        self.changed.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    fn changes(&self, _node: &str) -> futures::stream::BoxStream<'static, ()> {
+        use futures::StreamExt;
+        tokio_stream::wrappers::WatchStream::from_changes(self.changed.subscribe())
+            .map(|_| ())
+            .boxed()
     }
 }
 
@@ -596,6 +612,7 @@ impl PluginRig {
                 devinfo_dir: root.join("devinfo"),
                 memlock_dir: Some(root.join("memlock")),
                 network_dir: None,
+                dev_infiniband: Some(fx.root().dev_infiniband()),
             },
             state_dir: root.join("state"),
             rescan: Duration::from_millis(100),

@@ -277,7 +277,7 @@ async fn a_fault_in_the_middle_of_prepare_leaves_nothing_behind() {
         uid,
         "vf-0000-3b-00-5",
         &[driver_config(
-            ConfigSource::FromClaim,
+            ConfigSource::FromClass,
             json!({"memlock": "unlimited"}),
         )],
     );
@@ -590,4 +590,87 @@ async fn concurrent_prepares_never_share_a_device_and_a_slow_api_blocks_no_unpre
         u.1
     );
     plugin.stop().await;
+}
+
+/// Issue 19: the class's fields are the admin's. A claim setting the VLAN
+/// of its class (escaping the network's isolation) fails its prepare and
+/// writes nothing; with the class's allow-list naming the field it passes.
+#[tokio::test]
+async fn a_claim_cannot_override_its_class_vlan() {
+    let (rig, kubelet, plugin) = started().await;
+    let uid = "6c1d3e0a-0000-4000-8000-0000000000e1";
+    let claim = vf_claim(
+        &rig,
+        "escape",
+        uid,
+        "vf-0000-3b-00-2",
+        &[
+            driver_config(ConfigSource::FromClass, json!({"vlan": 100})),
+            driver_config(ConfigSource::FromClaim, json!({"vlan": 200})),
+        ],
+    );
+    let r = kubelet.prepare_claim(&claim).await.unwrap();
+    let e = &r.claims[uid].error;
+    assert!(
+        e.contains("status.allocation.devices.config[1] (from the claim): opaque parameters field vlan: 200 is invalid: set by the DeviceClass only"),
+        "{e}"
+    );
+    assert!(r.claims[uid].devices.is_empty());
+    assert!(
+        outputs(&rig)
+            .iter()
+            .all(|p| !p.display().to_string().contains(uid)),
+        "{:?}",
+        outputs(&rig)
+    );
+    assert!(plugin.state.prepared_claims().await.is_empty());
+
+    let allowed_uid = "6c1d3e0a-0000-4000-8000-0000000000e2";
+    let allowed = vf_claim(
+        &rig,
+        "allowed",
+        allowed_uid,
+        "vf-0000-3b-00-3",
+        &[
+            driver_config(
+                ConfigSource::FromClass,
+                json!({"vlan": 100, "allowClaimOverrides": ["vlan"]}),
+            ),
+            driver_config(ConfigSource::FromClaim, json!({"vlan": 200})),
+        ],
+    );
+    let r = kubelet.prepare_claim(&allowed).await.unwrap();
+    assert_eq!(r.claims[allowed_uid].error, "");
+    plugin.stop().await;
+}
+
+/// Issue 24 item 4: a user sees at info level that the plugin started, that
+/// the kubelet registered it, and each prepare and unprepare with the
+/// claim and its devices.
+#[tokio::test]
+async fn info_logs_show_start_registration_prepare_and_unprepare() {
+    let logs = kroce_device_plugin::testing::CapturedLogs::default();
+    let _guard = tracing::subscriber::set_default(logs.subscriber(tracing::Level::INFO));
+    let (rig, kubelet, plugin) = started().await;
+    let mut st = plugin.registration.clone();
+    st.wait_for(|s| s.registered).await.unwrap();
+    let uid = "6c1d3e0a-0000-4000-8000-0000000000f1";
+    let claim = vf_claim(&rig, "logged", uid, "vf-0000-3b-00-4", &[]);
+    assert_eq!(
+        kubelet.prepare_claim(&claim).await.unwrap().claims[uid].error,
+        ""
+    );
+    kubelet.unprepare_claim(&claim).await.unwrap();
+    plugin.stop().await;
+    let text = logs.text();
+    for want in [
+        "DRA plugin serving; waiting for the kubelet to register it",
+        "node=node-a devices=16",
+        "the kubelet asked for plugin info (registration)",
+        "registered with the kubelet",
+        &format!("prepared claim=default/logged (uid {uid}) devices=[\"node-a/vf-0000-3b-00-4\"]"),
+        &format!("unprepared claim=default/logged (uid {uid})"),
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
 }

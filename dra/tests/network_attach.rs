@@ -78,8 +78,11 @@ fn files(rig: &PluginRig) -> Vec<PathBuf> {
     rig.files(&["cdi", "devinfo", "dra-attach"])
 }
 
+/// From the DeviceClass: a claim may set only what its class allows
+/// (`allowClaimOverrides`, tested in `config`), and these tests are about
+/// what the fields do, not who may set them.
 fn cfg(fields: serde_json::Value) -> ConfigEntry {
-    driver_config(ConfigSource::FromClaim, fields)
+    driver_config(ConfigSource::FromClass, fields)
 }
 
 #[tokio::test]

@@ -228,8 +228,11 @@ fn file_rules_reload_and_keep_the_last_good_rules() {
     );
 }
 
+/// From the DeviceClass: a claim may set only what its class allows
+/// (`allowClaimOverrides`, tested in `config`), and these tests are about
+/// what the fields do, not who may set them.
 fn cfg(fields: serde_json::Value) -> ConfigEntry {
-    driver_config(ConfigSource::FromClaim, fields)
+    driver_config(ConfigSource::FromClass, fields)
 }
 
 /// The plugin started with the device plugin's config file: slots are
