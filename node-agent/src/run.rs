@@ -46,7 +46,9 @@ pub struct RunConfig {
     /// The node's records of who holds which VF.
     pub holders: HolderSources,
     /// While some IRQs wait for their device to open, the next pass comes
-    /// after this (if sooner than `resync`), to pin them soon after.
+    /// after this (if sooner than `resync`), to pin them soon after; the
+    /// wait doubles (up to `resync`) while the same number stays pending, so
+    /// VFs that no pod ever opens do not keep the agent busy.
     pub irq_recheck: Duration,
     /// A pass for a new spec generation still running after this reports
     /// `InProgress` for that generation first (VF creation can take
@@ -414,6 +416,8 @@ pub async fn run_with(
         None => ChecksSlot::None,
     };
     let mut written: Option<Written> = None;
+    // (IRQs pending at the last pass, the wait before the next).
+    let mut irq_wait: Option<(usize, Duration)> = None;
     loop {
         let state = match api.get_opt(&cfg.node_name).await {
             Ok(Some(state)) => Some(state),
@@ -539,11 +543,12 @@ pub async fn run_with(
                 });
             }
         }
-        let next = if outcome.irqs_pending > 0 {
-            cfg.resync.min(cfg.irq_recheck)
-        } else {
-            cfg.resync
+        irq_wait = match (outcome.irqs_pending, irq_wait) {
+            (0, _) => None,
+            (n, Some((m, w))) if n == m => Some((n, (w * 2).min(cfg.resync))),
+            (n, _) => Some((n, cfg.irq_recheck.min(cfg.resync))),
         };
+        let next = irq_wait.map_or(cfg.resync, |(_, w)| w);
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(next) => {}

@@ -1106,3 +1106,66 @@ fn a_slow_pass_reports_in_progress_for_its_generation_and_failures_are_logged() 
         h.stop().await.unwrap();
     });
 }
+
+/// Issue 25: while VF IRQs wait for their device to open, the loop passes
+/// again after `irq_recheck` (doubling while nothing changes), and pins
+/// them at the first pass after they appear; then it is quiet again.
+#[test]
+fn pending_irqs_are_rechecked_and_pinned_once_they_appear() {
+    scenario(|| async {
+        let mut h = Harness::start(NEVER, seed_state);
+        h.until("first apply", Harness::in_sync).await;
+        settle().await;
+        // ens2f0's VFs go down: their IRQs are not requested any more.
+        let host = h.rig.host();
+        let vf_irqs: Vec<u32> = irq_affinities(&host, PF1, &h.rig.path)
+            .into_iter()
+            .filter(|(dev, _, _)| dev != PF1)
+            .map(|(_, irq, _)| irq)
+            .collect();
+        let saved = h.rig.path.join("saved-irqs");
+        std::fs::create_dir_all(&saved).unwrap();
+        for irq in &vf_irqs {
+            std::fs::rename(
+                h.rig.path.join(format!("proc/irq/{irq}")),
+                saved.join(irq.to_string()),
+            )
+            .unwrap();
+        }
+        // A spec change makes a pass, which finds them pending.
+        assert!(h.set_pf0_vfs(2));
+        h.until("IRQs pending reported", |h| {
+            h.stored_status()
+                .is_some_and(|s| find(&s.conditions, "IrqsPending").is_some_and(|c| c.is_true()))
+        })
+        .await;
+        let passes = h.passes();
+        // Rechecks after 3 s and 6 s more (no resync for an hour).
+        sleep(IRQ_RECHECK + STEP * 10).await;
+        assert_eq!(h.passes(), passes + 1);
+        sleep(IRQ_RECHECK * 2).await;
+        assert_eq!(h.passes(), passes + 2);
+        // The netdevs open: the kernel adds the IRQs, the next recheck pins them.
+        for irq in &vf_irqs {
+            let d = h.rig.path.join(format!("proc/irq/{irq}"));
+            std::fs::rename(saved.join(irq.to_string()), &d).unwrap();
+            std::fs::write(d.join("smp_affinity_list"), "0-31\n").unwrap();
+        }
+        h.until("IRQs pinned", |h| {
+            h.stored_status()
+                .is_some_and(|s| find(&s.conditions, "IrqsPending").is_some_and(|c| !c.is_true()))
+        })
+        .await;
+        for (dev, irq, cpus) in irq_affinities(&h.rig.host(), PF1, &h.rig.path) {
+            let list: Vec<u32> = cpus.cpus().collect();
+            assert!(
+                list.len() == 1 && (18..=31).contains(&list[0]),
+                "IRQ {irq} of {dev}: {cpus}"
+            );
+        }
+        let passes = h.passes();
+        sleep(IRQ_RECHECK * 20).await;
+        assert_eq!(h.passes(), passes, "nothing pending: no more rechecks");
+        h.stop().await.unwrap();
+    });
+}
