@@ -67,6 +67,10 @@ pub struct HolderSources {
     pub cni_state_dir: PathBuf,
     /// The DRA plugin's checkpoint (`/var/lib/kroce/dra/checkpoint.json`).
     pub dra_checkpoint: PathBuf,
+    /// The CNI state dir must exist (the agent in a cluster, where the
+    /// chart installs kroce-cni): a missing one is a missing mount, and
+    /// holds every VF rather than none.
+    pub cni_state_required: bool,
 }
 
 /// The kroce-cni claim fields the agent reads (`cni/src/state.rs`).
@@ -151,6 +155,12 @@ impl NodeHolders {
     /// Reads kroce-cni's claims and the DRA checkpoint.
     pub fn read(src: &HolderSources) -> NodeHolders {
         let mut h = NodeHolders::default();
+        if src.cni_state_required && !src.cni_state_dir.is_dir() {
+            h.unknown.push(format!(
+                "kroce-cni state dir {} missing (not mounted?)",
+                src.cni_state_dir.display()
+            ));
+        }
         h.read_cni_claims(&src.cni_state_dir);
         h.read_dra_checkpoint(&src.dra_checkpoint);
         h
@@ -268,6 +278,7 @@ mod tests {
         HolderSources {
             cni_state_dir: dir.join("cni"),
             dra_checkpoint: dir.join("dra/checkpoint.json"),
+            cni_state_required: false,
         }
     }
 
@@ -289,6 +300,16 @@ mod tests {
         let src = sources(dir.path());
         let h = NodeHolders::read(&src);
         assert_eq!(h, NodeHolders::default());
+        // Unless the CNI state dir must be there (the agent in a cluster).
+        let required = HolderSources {
+            cni_state_required: true,
+            ..src.clone()
+        };
+        let held = NodeHolders::read(&required).holders("0000:3b:00.2");
+        assert!(
+            held[0].what.contains("state dir") && held[0].what.contains("missing"),
+            "{held:?}"
+        );
 
         std::fs::create_dir_all(src.cni_state_dir.join("vf")).unwrap();
         std::fs::write(src.cni_state_dir.join("vf/0000:3b:00.2.json"), "{torn").unwrap();

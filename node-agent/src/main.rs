@@ -94,6 +94,7 @@ impl HostArgs {
                 .dra_checkpoint
                 .clone()
                 .unwrap_or_else(|| under(&self.host_root, "/var/lib/kroce/dra/checkpoint.json")),
+            cni_state_required: false,
         }
     }
 
@@ -326,7 +327,12 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                 checks: Some(checks),
                 checks_timeout: Duration::from_secs(checks_timeout_seconds),
                 heartbeat: Duration::from_secs(heartbeat_seconds),
-                holders: host.holder_sources(),
+                // In a cluster kroce-cni is installed with the agent: its
+                // state dir missing means a missing mount, not "no claims".
+                holders: HolderSources {
+                    cni_state_required: true,
+                    ..host.holder_sources()
+                },
                 irq_recheck: Duration::from_secs(irq_recheck_seconds),
                 progress_after: Duration::from_secs(2),
             };

@@ -10,6 +10,7 @@
 //! wall-clock one.
 
 use super::counters::{CounterScope, Counters, EthtoolError, EthtoolSource};
+use super::holders::HolderSources;
 use super::node_checks::{NodeChecks, NodeChecksConfig};
 use super::run::{AGENT_MANAGER, AgentMetrics, HostEdges, RunConfig, run_with};
 use super::run::{PodDevices, PodResourcesSource};
@@ -251,10 +252,15 @@ impl Harness {
             checks,
             checks_timeout: Duration::from_secs(30),
             heartbeat: setup.heartbeat,
-            holders: rig.sources(),
+            holders: HolderSources {
+                cni_state_required: true,
+                ..rig.sources()
+            },
             irq_recheck: IRQ_RECHECK,
             progress_after: PROGRESS_AFTER,
         };
+        // Where the chart's kroce-cni keeps its claims (none yet).
+        std::fs::create_dir_all(rig.sources().cni_state_dir).unwrap();
         let pod_resources = Arc::new(FakePodResources::default());
         pod_resources
             .failures
@@ -845,7 +851,7 @@ fn vfs_held_per_the_nodes_records_and_an_unreadable_kubelet_holds_all() {
         assert_eq!(h.vfs_on(PF0), 4);
         assert_eq!(st.held_vfs[0].pods, ["team-c/infer-0"]);
         // Released: the next resync removes the VFs.
-        std::fs::remove_dir_all(h.rig.sources().cni_state_dir).unwrap();
+        std::fs::remove_dir_all(h.rig.sources().cni_state_dir.join("vf")).unwrap();
         h.until("ens1f0 at 2 VFs", Harness::in_sync).await;
         assert_eq!(h.vfs_on(PF0), 2);
         assert!(h.status().held_vfs.is_empty());

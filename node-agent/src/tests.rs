@@ -114,6 +114,7 @@ impl Rig {
         HolderSources {
             cni_state_dir: self.path.join("var/lib/cni/kroce"),
             dra_checkpoint: self.path.join("var/lib/kroce/dra/checkpoint.json"),
+            cni_state_required: false,
         }
     }
 
@@ -666,7 +667,7 @@ fn a_release_waits_for_held_vfs() {
             .message
             .contains("team-a/trainer-0")
     );
-    std::fs::remove_dir_all(rig.sources().cni_state_dir).unwrap();
+    std::fs::remove_dir_all(rig.sources().cni_state_dir.join("vf")).unwrap();
     let o = rig.apply(&only(vec![]));
     assert_eq!(vfs_on(&rig, PF0), 8);
     assert!(o.status.managed_pfs.is_empty());
@@ -808,7 +809,7 @@ fn held_vfs_are_reported_as_data_for_the_drain() {
         .unwrap()
         .add_virtual_netdev("ens1f0v5", "02:00:00:00:05:05", 1500)
         .unwrap();
-    std::fs::remove_dir_all(rig.sources().cni_state_dir).unwrap();
+    std::fs::remove_dir_all(rig.sources().cni_state_dir.join("vf")).unwrap();
     let o = rig.apply(&spec());
     assert!(o.status.held_vfs.is_empty(), "{:?}", o.status.held_vfs);
 }
