@@ -6,6 +6,7 @@ use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, Dcb, DcbApp, DcbError
 use super::holders::VfHolders;
 use super::host_files::{ensure_value, irqbalance_running, read_trimmed};
 use super::links::LinkControl;
+use super::pf_record::{ChangedPfs, PfRecord};
 use super::soft::check_soft_devices;
 use super::vfs::VfControl;
 use kroce_operator::crd::{
@@ -37,6 +38,8 @@ pub struct Agent<'a> {
     pub vfs: &'a dyn VfControl,
     pub links: &'a dyn LinkControl,
     pub dcb: &'a dyn Dcb,
+    /// Which PFs kroce changed and what they had before.
+    pub record: &'a dyn PfRecord,
 }
 
 impl std::fmt::Debug for Agent<'_> {
@@ -53,6 +56,10 @@ pub struct ApplyOutcome {
     pub status: RdmaNodeStateStatus,
     /// One line per change made (empty when the host already matched).
     pub changes: Vec<String>,
+    /// `(reason, message)` of each error of the pass (the loop logs them).
+    pub problems: Vec<(String, String)>,
+    /// IRQs not requested by their driver yet: worth an early re-check.
+    pub irqs_pending: usize,
 }
 
 /// A spec PF resolved against the host, validated before any write.
@@ -72,8 +79,18 @@ struct Pass {
     held_vfs: Vec<HeldVf>,
     soft: Vec<ObservedSoftDevice>,
     refused_irqs: usize,
+    /// IRQs the device has not requested yet (its netdev is down: igbvf
+    /// requests its MSI-X vectors at open), pinned at a later pass.
+    pending_irqs: usize,
+    /// PFs whose earlier `sriov_numvfs` write is still in the kernel.
+    busy: Vec<String>,
+    /// What the spec asks that this PF's driver cannot do at all.
+    unsupported: Vec<String>,
     placements: Vec<IrqPlacement>,
     blocked: BTreeSet<PciAddress>,
+    /// PFs kroce changed, with their VF count before (loaded at the start
+    /// of the pass, saved before each first write and after each release).
+    record: ChangedPfs,
 }
 
 impl Pass {
@@ -90,17 +107,23 @@ fn pf_label(host: &Host, addr: &PciAddress) -> String {
 }
 
 impl Agent<'_> {
-    /// Applies `spec`; `managed` is the previous status's `managedPfs`.
-    pub fn apply(
-        &self,
-        spec: &RdmaNodeStateSpec,
-        managed: &[String],
-        holders: &dyn VfHolders,
-    ) -> ApplyOutcome {
+    /// Applies `spec`. PFs that left it go back to the VF count they had
+    /// before kroce changed them (the [`PfRecord`]); PFs kroce never
+    /// changed are never written.
+    pub fn apply(&self, spec: &RdmaNodeStateSpec, holders: &dyn VfHolders) -> ApplyOutcome {
         let root = &self.config.root;
         let host = Host::scan(root);
         let mut pass = Pass::default();
-        let targets = match self.resolve(spec, managed, &host) {
+        match self.record.load() {
+            Ok(r) => pass.record = r,
+            Err(e) => {
+                // Without it a release could go below what was there
+                // before kroce: no VF count changes at all this pass.
+                pass.error("PfRecordUnreadable", e.to_string());
+                return self.report(spec, &[], &host, pass);
+            }
+        }
+        let targets = match self.resolve(spec, &pass.record, &host) {
             Ok(t) => t,
             Err(errors) => {
                 for e in errors {
@@ -139,7 +162,7 @@ impl Agent<'_> {
     fn resolve<'s>(
         &self,
         spec: &'s RdmaNodeStateSpec,
-        managed: &[String],
+        record: &ChangedPfs,
         host: &Host,
     ) -> Result<Vec<Target<'s>>, Vec<String>> {
         let mut errors = Vec::new();
@@ -198,8 +221,9 @@ impl Agent<'_> {
                 config: Some(pf),
             });
         }
-        // PFs kroce configured before that left the spec go back to 0 VFs.
-        for m in managed {
+        // PFs kroce changed that left the spec go back to what they had
+        // before kroce; a PF kroce never wrote is not a target.
+        for (m, before) in &record.num_vfs_before {
             let Ok(addr) = m.parse::<PciAddress>() else {
                 continue;
             };
@@ -208,7 +232,7 @@ impl Agent<'_> {
             }
             targets.push(Target {
                 addr,
-                num_vfs: 0,
+                num_vfs: *before,
                 config: None,
             });
         }
@@ -225,16 +249,31 @@ impl Agent<'_> {
         };
         let Some(sriov) = &dev.sriov else { return };
         let current = sriov.num_vfs;
+        let key = t.addr.to_string();
         if current == t.num_vfs {
+            // A released PF back where it was before kroce: kroce's no more.
+            if t.config.is_none() {
+                self.forget(&key, pass);
+            }
             return;
         }
         let label = pf_label(host, &t.addr);
         // Any change goes through 0: every current VF goes away.
         let mut held = Vec::new();
         for (idx, vf) in &sriov.vfs {
-            let pods = holders.holders(&vf.to_string());
-            let reason = if !pods.is_empty() {
-                format!("VF {idx} ({vf}) held by {}", pods.join(", "))
+            let hs = holders.holders(&vf.to_string());
+            let mut pods: Vec<String> = hs.iter().filter_map(|h| h.pod.clone()).collect();
+            pods.sort();
+            pods.dedup();
+            let reason = if !hs.is_empty() {
+                let who: Vec<String> = hs
+                    .iter()
+                    .map(|h| match &h.pod {
+                        Some(p) => format!("{p} ({})", h.what),
+                        None => h.what.clone(),
+                    })
+                    .collect();
+                format!("VF {idx} ({vf}) held by {}", who.join(", "))
             } else if let Some(d) = host.pci.get(vf)
                 && d.driver.is_some()
                 && !d.netdevs.iter().any(|n| host.netdevs.contains_key(n))
@@ -263,6 +302,24 @@ impl Agent<'_> {
             pass.blocked.insert(t.addr);
             return;
         }
+        // Recorded before the first write: a crash after it must not leave
+        // a PF kroce changed without what it had before.
+        if !pass.record.num_vfs_before.contains_key(&key) {
+            let mut next = pass.record.clone();
+            next.num_vfs_before.insert(key.clone(), current);
+            if let Err(e) = self.record.save(&next) {
+                pass.error(
+                    "PfRecordUnwritable",
+                    format!(
+                        "PF {label}: not changing numVfs {current} -> {}: {e}",
+                        t.num_vfs
+                    ),
+                );
+                pass.blocked.insert(t.addr);
+                return;
+            }
+            pass.record = next;
+        }
         let writes: Vec<u32> = if current != 0 && t.num_vfs != 0 {
             vec![0, t.num_vfs]
         } else {
@@ -270,15 +327,31 @@ impl Agent<'_> {
         };
         for n in writes {
             if let Err(e) = self.vfs.write_num_vfs(t.addr, n) {
-                pass.error(e.reason(), e.to_string());
+                if matches!(e, super::vfs::VfError::Busy { .. }) {
+                    // Not a failure yet: the kernel is still working.
+                    pass.busy.push(format!("PF {label}: {e}"));
+                } else {
+                    pass.error(e.reason(), format!("PF {label}: {e}"));
+                }
                 pass.blocked.insert(t.addr);
                 return;
             }
         }
         pass.changes.push(format!(
-            "PF {label}: sriov_numvfs {current} -> {}",
-            t.num_vfs
+            "PF {label}: sriov_numvfs {current} -> {}{}",
+            t.num_vfs,
+            if t.config.is_none() {
+                " (released: its VF count before kroce)"
+            } else {
+                ""
+            }
         ));
+        if t.config.is_none() {
+            // Released: what the VFs need now is not kroce's to wait for
+            // (an admin's VFs may be bound to vfio-pci, without netdevs).
+            self.forget(&key, pass);
+            return;
+        }
         if t.num_vfs > 0
             && let Err(missing) = self.wait_for_vfs(t.addr, t.num_vfs)
         {
@@ -290,6 +363,20 @@ impl Agent<'_> {
                 ),
             );
             pass.blocked.insert(t.addr);
+        }
+    }
+
+    /// Drops a released PF from the record (kept when the save fails: the
+    /// next pass finds the PF at its old count and tries again).
+    fn forget(&self, key: &str, pass: &mut Pass) {
+        if !pass.record.num_vfs_before.contains_key(key) {
+            return;
+        }
+        let mut next = pass.record.clone();
+        next.num_vfs_before.remove(key);
+        match self.record.save(&next) {
+            Ok(()) => pass.record = next,
+            Err(e) => pass.error("PfRecordUnwritable", format!("PF {key}: {e}")),
         }
     }
 
@@ -414,6 +501,19 @@ impl Agent<'_> {
                 cpus: want.to_string(),
                 error: None,
             };
+            // Listed in the device's msi_irqs but not requested by its
+            // driver yet (no /proc/irq/N until request_irq: igbvf does that
+            // when the netdev opens): not refused, just not there yet.
+            if !root.proc_irq().join(a.irq.to_string()).exists() {
+                placement.cpus = String::new();
+                placement.error = Some(format!(
+                    "not requested by the driver yet (device down): no {}; pinned when it appears",
+                    root.proc_irq().join(a.irq.to_string()).display()
+                ));
+                pass.pending_irqs += 1;
+                pass.placements.push(placement);
+                continue;
+            }
             match sriov_helpers::irq::read_affinity(root, a.irq) {
                 Ok(cur) if cur == want => {}
                 Ok(cur) => match sriov_helpers::irq::write_affinity(root, a.irq, &want) {
@@ -455,10 +555,23 @@ impl Agent<'_> {
             pass.error("QosFailed", format!("PF {pf} has no netdev for DCB"));
             return;
         };
+        let driver = host
+            .pci
+            .get(&pf)
+            .and_then(|d| d.driver.clone())
+            .unwrap_or_else(|| "unknown driver".into());
         // A driver's refusal is its own reason, so `kubectl get` tells it
-        // from an unreachable netlink; the message names the PF.
+        // from an unreachable netlink; the message names the PF. A driver
+        // without dcbnl ops at all (igb: EOPNOTSUPP) is not a failed sync of
+        // everything else: it is reported as unsupported.
         let dcb_failed = |pass: &mut Pass, e: DcbError| {
-            let reason = match e {
+            let reason = match &e {
+                DcbError::Io { source, .. } if source.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    pass.unsupported.push(format!(
+                        "PF {ifname} ({pf}), driver {driver}: DCB (PFC, trust) not supported by this driver ({e})"
+                    ));
+                    return;
+                }
                 DcbError::Refused { .. } => "DcbRefused",
                 _ => "QosFailed",
             };
@@ -516,8 +629,22 @@ impl Agent<'_> {
             }
             Err(e) => dcb_failed(pass, e),
         }
-        // ECN on the priority, reaction and notification points.
-        if let Some(p) = plan.ecn_priority {
+        // ECN on the priority, reaction and notification points. No `ecn`
+        // directory at all: the driver has no RoCE ECN (igb); a missing
+        // file in one that exists is an error.
+        let ecn_dir = self
+            .config
+            .root
+            .sys()
+            .join("class/net")
+            .join(&ifname)
+            .join("ecn");
+        if plan.ecn_priority.is_some() && !ecn_dir.is_dir() {
+            pass.unsupported.push(format!(
+                "PF {ifname} ({pf}), driver {driver}: RoCE ECN not supported by this driver (no {})",
+                ecn_dir.display()
+            ));
+        } else if let Some(p) = plan.ecn_priority {
             for f in ecn_files(self.config.root.sys(), &ifname, p) {
                 match ensure_value(&f, "1") {
                     Ok(true) => pass.changes.push(format!("{}: 1", f.display())),
@@ -658,21 +785,18 @@ impl Agent<'_> {
         status.irq_placement = pass.placements;
         status.soft_devices = pass.soft;
         status.held_vfs = pass.held_vfs;
-        // Still managed: every spec PF, and any reset that did not happen.
+        // Still managed: every spec PF, and any PF kroce changed that is
+        // not back at its VF count from before kroce yet.
         let mut managed: BTreeSet<String> =
             spec.pfs.iter().map(|p| p.pci_address.clone()).collect();
-        for t in targets.iter().filter(|t| t.config.is_none()) {
-            if pass.blocked.contains(&t.addr) {
-                managed.insert(t.addr.to_string());
-            }
-        }
+        managed.extend(pass.record.num_vfs_before.keys().cloned());
         status.managed_pfs = managed.into_iter().collect();
         status.configured_pfs = targets
             .iter()
             .filter(|t| t.config.is_some() && !pass.blocked.contains(&t.addr))
             .count() as u32;
         let mut conditions = Vec::new();
-        let ok = pass.errors.is_empty() && pass.held.is_empty();
+        let ok = pass.errors.is_empty() && pass.held.is_empty() && pass.busy.is_empty();
         conditions.push(if ok {
             Condition::new(
                 "Ready",
@@ -680,6 +804,8 @@ impl Agent<'_> {
                 "Configured",
                 "node matches its RdmaNodeState spec",
             )
+        } else if pass.errors.is_empty() && !pass.busy.is_empty() {
+            Condition::new("Ready", false, "VfWriteInProgress", pass.busy.join("\n"))
         } else if pass.errors.is_empty() {
             Condition::new("Ready", false, "VfsHeld", pass.held.join("\n"))
         } else {
@@ -696,6 +822,26 @@ impl Agent<'_> {
         } else {
             Condition::new("VfsHeld", true, "PodsHoldVfs", pass.held.join("\n"))
         });
+        conditions.push(if pass.unsupported.is_empty() {
+            Condition::new("QosUnsupported", false, "Supported", "")
+        } else {
+            Condition::new(
+                "QosUnsupported",
+                true,
+                "NotSupportedByDriver",
+                pass.unsupported.join("\n"),
+            )
+        });
+        conditions.push(if pass.busy.is_empty() {
+            Condition::new("VfWriteInProgress", false, "NoWriteInProgress", "")
+        } else {
+            Condition::new(
+                "VfWriteInProgress",
+                true,
+                "KernelStillWriting",
+                pass.busy.join("\n"),
+            )
+        });
         let irqbalance = irqbalance_running(self.config.root.proc());
         conditions.push(if irqbalance {
             Condition::new(
@@ -708,6 +854,20 @@ impl Agent<'_> {
             )
         } else {
             Condition::new("IrqBalanceRunning", false, "NotRunning", "")
+        });
+        conditions.push(if pass.pending_irqs == 0 {
+            Condition::new("IrqsPending", false, "AllRequested", "")
+        } else {
+            Condition::new(
+                "IrqsPending",
+                true,
+                "DeviceDown",
+                format!(
+                    "{} IRQs not allocated yet (device down): their driver requests them when the \
+                     netdev opens; they are pinned at the first pass after that (see status.irqPlacement)",
+                    pass.pending_irqs
+                ),
+            )
         });
         conditions.push(if pass.refused_irqs == 0 {
             Condition::new("IrqsRefused", false, "AllPlaced", "")
@@ -725,7 +885,7 @@ impl Agent<'_> {
         status.conditions = conditions;
         status.sync_state = if !pass.errors.is_empty() {
             SyncState::Failed
-        } else if !pass.held.is_empty() {
+        } else if !pass.held.is_empty() || !pass.busy.is_empty() {
             SyncState::InProgress
         } else {
             SyncState::Succeeded
@@ -734,10 +894,13 @@ impl Agent<'_> {
             .errors
             .first()
             .map(|(_, m)| m.clone())
+            .or_else(|| pass.busy.first().cloned())
             .or_else(|| pass.held.first().cloned());
         ApplyOutcome {
             status,
             changes: pass.changes,
+            problems: pass.errors,
+            irqs_pending: pass.pending_irqs,
         }
     }
 }

@@ -1,51 +1,272 @@
-//! Which pods hold which VFs, so the agent never pulls a VF from under a
-//! running pod. The agent asks a [`VfHolders`]; the production one is a
-//! snapshot built from the pods on the node (their Multus
-//! `k8s.v1.cni.cncf.io/network-status` annotation names the VF's PCI
-//! address in `device-info`), taken just before each apply.
+//! Who holds which VF, so the agent never pulls a VF from under a pod. The
+//! answer comes from what the node itself recorded, never from anything a
+//! pod author writes (a pod's Multus annotation is the pod author's to
+//! forge, and a DRA VF with `attach: false` has none):
+//!
+//! - kroce-cni's claims: `<CNI state dir>/vf/<VF PCI address>.json`, written
+//!   before ADD's first side effect, removed when the VF is released (format:
+//!   `cni/src/state.rs`; the pod comes from the runtime's `CNI_ARGS`);
+//! - the DRA plugin's checkpoint of prepared claims
+//!   (`<DRA state dir>/checkpoint.json`, format: `dra/src/checkpoint.rs`),
+//!   every prepared VF device, attached or not;
+//! - the kubelet's PodResources: the VFs it assigned to running pods
+//!   through the device plugin (read in [`crate::run`]).
+//!
+//! A source that exists but cannot be read makes every VF held (nothing is
+//! removed on the strength of an unreadable record); a source that is not
+//! there (no CNI claims yet, DRA not deployed) holds nothing.
 
+use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
 
-pub use kroce_operator::names::MULTUS_NETWORK_STATUS_ANNOTATION as NETWORK_STATUS_ANNOTATION;
+/// One holder of a VF.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Holder {
+    /// `namespace/name` of the pod, when the record names one (the
+    /// controller's drain evicts these).
+    pub pod: Option<String>,
+    /// What holds it, for people: which record says so.
+    pub what: String,
+}
 
 pub trait VfHolders: Send + Sync {
-    /// `namespace/name` of the pods holding the VF at this PCI address.
-    fn holders(&self, vf_pci: &str) -> Vec<String>;
+    /// The holders of the VF at this PCI address.
+    fn holders(&self, vf_pci: &str) -> Vec<Holder>;
 }
 
-/// VF PCI address -> pods, from one listing of the node's pods.
+/// Holders read from the node's records, by VF PCI address; `unknown`
+/// holds every VF (a record that could not be read).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodSnapshot {
-    pub by_pci: BTreeMap<String, Vec<String>>,
+pub struct NodeHolders {
+    pub by_pci: BTreeMap<String, Vec<Holder>>,
+    /// By DRA device name (`vf-0000-3b-00-2`), from the DRA checkpoint.
+    pub by_dra_device: BTreeMap<String, Vec<Holder>>,
+    pub unknown: Vec<String>,
 }
 
-impl PodSnapshot {
-    /// `(namespace, name, network-status annotation)` of each running pod.
-    pub fn from_pods<'a>(pods: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Self {
-        let mut by_pci: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (ns, name, annotation) in pods {
-            let Ok(serde_json::Value::Array(entries)) = serde_json::from_str(annotation) else {
-                continue;
-            };
-            for e in entries {
-                let pci = e
-                    .pointer("/device-info/pci/pci-address")
-                    .and_then(|v| v.as_str());
-                if let Some(pci) = pci {
-                    by_pci
-                        .entry(pci.to_string())
-                        .or_default()
-                        .push(format!("{ns}/{name}"));
-                }
-            }
+impl VfHolders for NodeHolders {
+    fn holders(&self, vf_pci: &str) -> Vec<Holder> {
+        let mut out = self.by_pci.get(vf_pci).cloned().unwrap_or_default();
+        if let Some(d) = self.by_dra_device.get(&dra_vf_device_name(vf_pci)) {
+            out.extend(d.iter().cloned());
         }
-        PodSnapshot { by_pci }
+        out.extend(self.unknown.iter().map(|u| Holder {
+            pod: None,
+            what: format!("unknown ({u})"),
+        }));
+        out
     }
 }
 
-impl VfHolders for PodSnapshot {
-    fn holders(&self, vf_pci: &str) -> Vec<String> {
-        self.by_pci.get(vf_pci).cloned().unwrap_or_default()
+/// Where the node's records are (under the agent's host root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderSources {
+    /// kroce-cni's state dir (`/var/lib/cni/kroce`).
+    pub cni_state_dir: PathBuf,
+    /// The DRA plugin's checkpoint (`/var/lib/kroce/dra/checkpoint.json`).
+    pub dra_checkpoint: PathBuf,
+    /// The CNI state dir must exist (the agent in a cluster, where the
+    /// chart installs kroce-cni): a missing one is a missing mount, and
+    /// holds every VF rather than none.
+    pub cni_state_required: bool,
+}
+
+/// The kroce-cni claim fields the agent reads (`cni/src/state.rs`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CniClaim {
+    #[serde(rename = "containerID", default)]
+    container_id: String,
+    #[serde(default)]
+    network: String,
+    #[serde(default)]
+    cni_args: String,
+}
+
+/// The DRA checkpoint fields the agent reads (`dra/src/checkpoint.rs`).
+#[derive(Debug, Deserialize)]
+struct DraCheckpoint {
+    version: u32,
+    #[serde(default)]
+    claims: BTreeMap<String, DraClaim>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DraClaim {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    devices: Vec<DraDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DraDevice {
+    device: String,
+    #[serde(default)]
+    config: DraConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DraConfig {
+    #[serde(default)]
+    attach: Option<bool>,
+}
+
+const DRA_CHECKPOINT_VERSION: u32 = 1;
+
+/// The DRA device name of a VF (`dra/src/slice.rs` `dns_label("vf", pci)`):
+/// `0000:3b:00.2` -> `vf-0000-3b-00-2`.
+pub fn dra_vf_device_name(pci: &str) -> String {
+    let s: String = format!("vf-{pci}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s.trim_end_matches('-').to_string()
+}
+
+/// `namespace/name` from the runtime's `CNI_ARGS`
+/// (`K8S_POD_NAMESPACE=..;K8S_POD_NAME=..`).
+fn pod_of_cni_args(args: &str) -> Option<String> {
+    let get = |k: &str| {
+        args.split(';')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_empty())
+    };
+    Some(format!(
+        "{}/{}",
+        get("K8S_POD_NAMESPACE")?,
+        get("K8S_POD_NAME")?
+    ))
+}
+
+impl NodeHolders {
+    /// Reads kroce-cni's claims and the DRA checkpoint.
+    pub fn read(src: &HolderSources) -> NodeHolders {
+        let mut h = NodeHolders::default();
+        if src.cni_state_required && !src.cni_state_dir.is_dir() {
+            h.unknown.push(format!(
+                "kroce-cni state dir {} missing (not mounted?)",
+                src.cni_state_dir.display()
+            ));
+        }
+        h.read_cni_claims(&src.cni_state_dir);
+        h.read_dra_checkpoint(&src.dra_checkpoint);
+        h
+    }
+
+    pub fn add(&mut self, vf_pci: &str, holder: Holder) {
+        let v = self.by_pci.entry(vf_pci.to_string()).or_default();
+        if !v.contains(&holder) {
+            v.push(holder);
+        }
+    }
+
+    fn read_cni_claims(&mut self, state_dir: &Path) {
+        let dir = state_dir.join("vf");
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) => {
+                self.unknown.push(format!(
+                    "cannot read kroce-cni claims {}: {e}",
+                    dir.display()
+                ));
+                return;
+            }
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // `<VF PCI address>.json`; soft devices' claims are not VFs, and
+            // temp files of a write in progress start with a dot.
+            let Some(stem) = name.strip_suffix(".json") else {
+                continue;
+            };
+            let Ok(pci) = stem.parse::<sriov_helpers::PciAddress>() else {
+                continue;
+            };
+            let pci = pci.to_string();
+            let path = e.path();
+            let holder = match std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<CniClaim>(&b).map_err(|e| e.to_string()))
+            {
+                Ok(c) => Holder {
+                    pod: pod_of_cni_args(&c.cni_args),
+                    what: format!(
+                        "kroce-cni claim (network {}, container {})",
+                        c.network,
+                        c.container_id.chars().take(12).collect::<String>()
+                    ),
+                },
+                // Vanished between listing and reading: released.
+                Err(_) if !path.exists() => continue,
+                // The file still claims the VF even if it cannot be read.
+                Err(err) => Holder {
+                    pod: None,
+                    what: format!("unreadable kroce-cni claim {}: {err}", path.display()),
+                },
+            };
+            self.add(&pci, holder);
+        }
+    }
+
+    fn read_dra_checkpoint(&mut self, path: &Path) {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) => {
+                self.unknown.push(format!(
+                    "cannot read DRA checkpoint {}: {e}",
+                    path.display()
+                ));
+                return;
+            }
+        };
+        let cp: DraCheckpoint = match serde_json::from_slice(&bytes) {
+            Ok(cp) => cp,
+            Err(e) => {
+                self.unknown
+                    .push(format!("DRA checkpoint {} unreadable: {e}", path.display()));
+                return;
+            }
+        };
+        if cp.version != DRA_CHECKPOINT_VERSION {
+            self.unknown.push(format!(
+                "DRA checkpoint {} is version {}, this agent reads {DRA_CHECKPOINT_VERSION}",
+                path.display(),
+                cp.version
+            ));
+            return;
+        }
+        // By device name, as the plugin published it: every prepared
+        // device holds its VF, attached to a pod's network or not.
+        for c in cp.claims.into_values() {
+            for d in c.devices {
+                let attach = match d.config.attach {
+                    Some(false) => ", attach: false",
+                    _ => "",
+                };
+                self.by_dra_device
+                    .entry(d.device)
+                    .or_default()
+                    .push(Holder {
+                        pod: None,
+                        what: format!("DRA claim {}/{}{attach}", c.namespace, c.name),
+                    });
+            }
+        }
     }
 }
 
@@ -53,14 +274,63 @@ impl VfHolders for PodSnapshot {
 mod tests {
     use super::*;
 
+    fn sources(dir: &Path) -> HolderSources {
+        HolderSources {
+            cni_state_dir: dir.join("cni"),
+            dra_checkpoint: dir.join("dra/checkpoint.json"),
+            cni_state_required: false,
+        }
+    }
+
     #[test]
-    fn snapshot_reads_device_info_from_network_status() {
-        let a = r#"[{"name":"cbr0","ips":["10.0.0.5"],"default":true},
-                   {"name":"team-a/fast","interface":"net1",
-                    "device-info":{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:3b:00.2"}}}]"#;
-        let snap =
-            PodSnapshot::from_pods([("team-a", "trainer-0", a), ("team-b", "junk", "not json")]);
-        assert_eq!(snap.holders("0000:3b:00.2"), ["team-a/trainer-0"]);
-        assert!(snap.holders("0000:3b:00.3").is_empty());
+    fn dra_device_names_match_the_plugins() {
+        assert_eq!(dra_vf_device_name("0000:3b:00.2"), "vf-0000-3b-00-2");
+        assert_eq!(
+            pod_of_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=a;K8S_POD_NAME=p").as_deref(),
+            Some("a/p")
+        );
+        assert_eq!(pod_of_cni_args("K8S_POD_NAMESPACE=a"), None);
+    }
+
+    /// Nothing there holds nothing; an unreadable claim still holds its VF;
+    /// an unreadable checkpoint holds every VF.
+    #[test]
+    fn missing_sources_hold_nothing_and_unreadable_ones_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = sources(dir.path());
+        let h = NodeHolders::read(&src);
+        assert_eq!(h, NodeHolders::default());
+        // Unless the CNI state dir must be there (the agent in a cluster).
+        let required = HolderSources {
+            cni_state_required: true,
+            ..src.clone()
+        };
+        let held = NodeHolders::read(&required).holders("0000:3b:00.2");
+        assert!(
+            held[0].what.contains("state dir") && held[0].what.contains("missing"),
+            "{held:?}"
+        );
+
+        std::fs::create_dir_all(src.cni_state_dir.join("vf")).unwrap();
+        std::fs::write(src.cni_state_dir.join("vf/0000:3b:00.2.json"), "{torn").unwrap();
+        // Soft devices' claims and temp files are not VFs.
+        std::fs::write(src.cni_state_dir.join("vf/rxe0.json"), "{}").unwrap();
+        std::fs::write(src.cni_state_dir.join("vf/.0000:3b:00.3.json.tmp.1"), "{}").unwrap();
+        let h = NodeHolders::read(&src);
+        let held = h.holders("0000:3b:00.2");
+        assert_eq!(held.len(), 1);
+        assert!(
+            held[0].what.contains("unreadable kroce-cni claim"),
+            "{held:?}"
+        );
+        assert!(h.holders("0000:3b:00.3").is_empty());
+        assert!(h.unknown.is_empty());
+
+        std::fs::create_dir_all(src.dra_checkpoint.parent().unwrap()).unwrap();
+        std::fs::write(&src.dra_checkpoint, r#"{"version": 2, "claims": {}}"#).unwrap();
+        let h = NodeHolders::read(&src);
+        let held = h.holders("0000:99:00.1");
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert!(held[0].what.contains("version 2"), "{held:?}");
     }
 }

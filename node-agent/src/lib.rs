@@ -12,13 +12,15 @@ pub mod holders;
 pub mod host_files;
 pub mod links;
 pub mod node_checks;
+pub mod pf_record;
+pub mod pod_resources;
 pub mod run;
 pub mod soft;
 pub mod vfs;
 
 pub use apply::{Agent, AgentConfig, ApplyOutcome};
 pub use dcb::Dcb;
-pub use holders::{PodSnapshot, VfHolders};
+pub use holders::{Holder, HolderSources, NodeHolders, VfHolders};
 pub use links::LinkControl;
 pub use vfs::VfControl;
 

@@ -5,8 +5,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kroce_node_agent::apply::{Agent, AgentConfig};
 use kroce_node_agent::dcb::{NetlinkDcb, SocketTransport};
-use kroce_node_agent::holders::PodSnapshot;
+use kroce_node_agent::holders::{HolderSources, NodeHolders};
 use kroce_node_agent::links::RtnetlinkLinks;
+use kroce_node_agent::pf_record::FilePfRecord;
 use kroce_node_agent::run::{AgentMetrics, RunConfig};
 use kroce_node_agent::vfs::SysfsVfControl;
 use kroce_operator::crd::{RdmaNodeStateSpec, SyncState};
@@ -54,9 +55,49 @@ struct HostArgs {
     /// Seconds to wait for new VF netdevs and RDMA devices.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     vf_wait_seconds: u64,
+    /// The agent's own state (which PFs kroce changed and their VF count
+    /// before; root-owned, 0700). Default <host-root>/var/lib/kroce/node-agent.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// kroce-cni's state dir, read for the VFs its claims hold. Default
+    /// <host-root>/var/lib/cni/kroce.
+    #[arg(long)]
+    cni_state_dir: Option<PathBuf>,
+    /// The DRA plugin's checkpoint, read for the VFs prepared claims hold.
+    /// Default <host-root>/var/lib/kroce/dra/checkpoint.json.
+    #[arg(long)]
+    dra_checkpoint: Option<PathBuf>,
+}
+
+/// `abs` (an absolute host path) under `root`.
+fn under(root: &std::path::Path, abs: &str) -> PathBuf {
+    root.join(abs.trim_start_matches('/'))
 }
 
 impl HostArgs {
+    fn record(&self) -> FilePfRecord {
+        FilePfRecord::new(self.state_dir.clone().unwrap_or_else(|| {
+            under(
+                &self.host_root,
+                kroce_node_agent::pf_record::DEFAULT_STATE_DIR,
+            )
+        }))
+    }
+
+    fn holder_sources(&self) -> HolderSources {
+        HolderSources {
+            cni_state_dir: self
+                .cni_state_dir
+                .clone()
+                .unwrap_or_else(|| under(&self.host_root, kroce_contracts::DEFAULT_STATE_DIR)),
+            dra_checkpoint: self
+                .dra_checkpoint
+                .clone()
+                .unwrap_or_else(|| under(&self.host_root, "/var/lib/kroce/dra/checkpoint.json")),
+            cni_state_required: false,
+        }
+    }
+
     fn agent_config(&self) -> AgentConfig {
         let base = HostRoot::new(&self.host_root);
         let root = HostRoot::with_paths(
@@ -102,6 +143,16 @@ enum Cmd {
         /// this many seconds; then their last conditions are kept.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
         checks_timeout_seconds: u64,
+        /// The kubelet's PodResources socket, asked before each pass which
+        /// VFs the device plugin assigned to running pods ("" to not ask:
+        /// then only kroce-cni's claims and the DRA checkpoint count).
+        #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+        pod_resources_socket: PathBuf,
+        /// While IRQs wait for their device to open (a VF netdev still
+        /// down), re-check them this often, seconds (when sooner than the
+        /// resync).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
+        irq_recheck_seconds: u64,
         /// Address for /metrics and /health.
         #[arg(long, default_value = "0.0.0.0:8081")]
         listen: SocketAddr,
@@ -125,8 +176,10 @@ enum Cmd {
         spec_file: PathBuf,
         #[command(flatten)]
         host: HostArgs,
-        /// PCI addresses kroce configured before (reset to 0 VFs if absent from the spec).
-        #[arg(long, value_delimiter = ',')]
+        /// Ignored (kept so old scripts run): PFs that left the spec go back
+        /// to the VF count they had before kroce changed them, from the
+        /// record in --state-dir; PFs kroce never changed are left alone.
+        #[arg(long, value_delimiter = ',', hide = true)]
         managed: Vec<String>,
     },
 }
@@ -183,11 +236,16 @@ fn main() -> anyhow::Result<()> {
 /// `apply`: plain threads, no async runtime (the netlink edge brings its own).
 fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyhow::Result<()> {
     let spec = read_spec(spec_file)?;
+    if !managed.is_empty() {
+        eprintln!(
+            "warning: --managed is ignored: PFs that left the spec go back to their VF count \
+             from before kroce, as recorded in {}",
+            host.record().path().display()
+        );
+    }
     let cfg = host.agent_config();
-    let vfs = SysfsVfControl {
-        root: cfg.root.clone(),
-        timeout: cfg.vf_wait,
-    };
+    let vfs = SysfsVfControl::new(cfg.root.clone(), cfg.vf_wait);
+    let record = host.record();
     let links = RtnetlinkLinks::new()?;
     let dcb = NetlinkDcb::new(SocketTransport::new()?);
     let agent = Agent {
@@ -195,8 +253,11 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
         vfs: &vfs,
         links: &links,
         dcb: &dcb,
+        record: &record,
     };
-    let outcome = agent.apply(&spec, managed, &PodSnapshot::default());
+    // Without a kubelet to ask: the CNI claims and the DRA checkpoint.
+    let holders = NodeHolders::read(&host.holder_sources());
+    let outcome = agent.apply(&spec, &holders);
     for c in &outcome.changes {
         eprintln!("changed: {c}");
     }
@@ -236,6 +297,8 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             vf_write_timeout_seconds,
             heartbeat_seconds,
             checks_timeout_seconds,
+            pod_resources_socket,
+            irq_recheck_seconds,
             listen,
             checks,
         } => {
@@ -264,8 +327,23 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                 checks: Some(checks),
                 checks_timeout: Duration::from_secs(checks_timeout_seconds),
                 heartbeat: Duration::from_secs(heartbeat_seconds),
+                // In a cluster kroce-cni is installed with the agent: its
+                // state dir missing means a missing mount, not "no claims".
+                holders: HolderSources {
+                    cni_state_required: true,
+                    ..host.holder_sources()
+                },
+                irq_recheck: Duration::from_secs(irq_recheck_seconds),
+                progress_after: Duration::from_secs(2),
             };
-            let r = kroce_node_agent::run::run(client, cfg, metrics).await;
+            let pod_resources: Option<Arc<dyn kroce_node_agent::run::PodResourcesSource>> =
+                (!pod_resources_socket.as_os_str().is_empty()).then(|| {
+                    Arc::new(kroce_node_agent::pod_resources::KubeletPodResources::new(
+                        &pod_resources_socket,
+                    )) as _
+                });
+            let record = Arc::new(host.record());
+            let r = kroce_node_agent::run::run(client, cfg, record, pod_resources, metrics).await;
             health
                 .failed
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -296,6 +374,7 @@ mod tests {
             "--vf-wait-seconds",
             "--heartbeat-seconds",
             "--checks-timeout-seconds",
+            "--irq-recheck-seconds",
             "--ethtool-timeout-seconds",
         ] {
             assert!(parse(&[flag, "1"]).is_ok(), "{flag} 1");

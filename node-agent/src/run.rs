@@ -8,16 +8,19 @@
 
 use super::apply::{Agent, AgentConfig};
 use super::dcb::{Dcb, NetlinkDcb, SocketTransport};
-use super::holders::{NETWORK_STATUS_ANNOTATION, PodSnapshot, VfHolders};
+use super::holders::{Holder, HolderSources, NodeHolders};
 use super::links::{LinkControl, RtnetlinkLinks};
+use super::pf_record::PfRecord;
 use super::vfs::{SysfsVfControl, VfControl};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use futures::future::BoxFuture;
 use kroce_operator::crd::conditions::stamp_transitions;
-use kroce_operator::crd::{Condition, RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus};
-use kube::api::{ListParams, Patch, PatchParams};
+use kroce_operator::crd::{
+    Condition, RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SyncState,
+};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
@@ -40,6 +43,17 @@ pub struct RunConfig {
     /// first pass this long after the last write, so a stale
     /// `lastSyncTime` means the agent is not running.
     pub heartbeat: Duration,
+    /// The node's records of who holds which VF.
+    pub holders: HolderSources,
+    /// While some IRQs wait for their device to open, the next pass comes
+    /// after this (if sooner than `resync`), to pin them soon after; the
+    /// wait doubles (up to `resync`) while the same number stays pending, so
+    /// VFs that no pod ever opens do not keep the agent busy.
+    pub irq_recheck: Duration,
+    /// A pass for a new spec generation still running after this reports
+    /// `InProgress` for that generation first (VF creation can take
+    /// minutes).
+    pub progress_after: Duration,
 }
 
 /// Agent metrics: passes, changes made (drift repairs after the first),
@@ -71,45 +85,63 @@ impl AgentMetrics {
     }
 }
 
-/// Holders when the pod list could not be read: every VF counts as held, so
-/// nothing is pulled from under a pod we cannot see.
-#[derive(Debug)]
-struct Unknown(String);
-
-impl VfHolders for Unknown {
-    fn holders(&self, _vf: &str) -> Vec<String> {
-        vec![format!(
-            "unknown pods (cannot list pods on this node: {})",
-            self.0
-        )]
-    }
+/// The devices the kubelet assigned to one container through a device
+/// plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDevices {
+    /// `namespace/name`.
+    pub pod: String,
+    pub resource: String,
+    pub device_ids: Vec<String>,
 }
 
-async fn holders(pods: &Api<Pod>, node: &str) -> Box<dyn VfHolders> {
-    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    match pods.list(&lp).await {
-        Ok(list) => {
-            let live: Vec<(String, String, String)> = list
-                .items
-                .iter()
-                .filter(|p| {
-                    !matches!(
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Succeeded") | Some("Failed")
-                    )
-                })
-                .filter_map(|p| {
-                    let a = p.annotations().get(NETWORK_STATUS_ANNOTATION)?;
-                    Some((p.namespace().unwrap_or_default(), p.name_any(), a.clone()))
-                })
-                .collect();
-            Box::new(PodSnapshot::from_pods(
-                live.iter()
-                    .map(|(n, p, a)| (n.as_str(), p.as_str(), a.as_str())),
-            ))
+/// The kubelet's PodResources `List`, behind a trait (tests answer from
+/// memory).
+pub trait PodResourcesSource: Send + Sync {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<PodDevices>, String>>;
+}
+
+/// Who holds which VF this pass: the node's records (CNI claims, DRA
+/// checkpoint) and the kubelet's PodResources. Never the pods' own
+/// annotations: a pod author writes those.
+async fn holders(
+    sources: &HolderSources,
+    pod_resources: Option<&dyn PodResourcesSource>,
+) -> NodeHolders {
+    let src = sources.clone();
+    let mut h = tokio::task::spawn_blocking(move || NodeHolders::read(&src))
+        .await
+        .unwrap_or_else(|e| NodeHolders {
+            unknown: vec![format!("reading the node's VF claims failed: {e}")],
+            ..Default::default()
+        });
+    if let Some(pr) = pod_resources {
+        match pr.list().await {
+            Ok(list) => {
+                for d in list {
+                    for id in &d.device_ids {
+                        // VF device IDs are PCI addresses.
+                        if let Ok(pci) = id.parse::<sriov_helpers::PciAddress>() {
+                            h.add(
+                                &pci.to_string(),
+                                Holder {
+                                    pod: Some(d.pod.clone()),
+                                    what: format!("kubelet PodResources, {}", d.resource),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            Err(e) => h
+                .unknown
+                .push(format!("cannot read the kubelet's PodResources: {e}")),
         }
-        Err(e) => Box::new(Unknown(e.to_string())),
     }
+    for u in &h.unknown {
+        tracing::warn!(problem = %u, "VF holders unknown: every VF counts as held");
+    }
+    h
 }
 
 /// Status equality that ignores the sync timestamp.
@@ -133,6 +165,9 @@ pub struct HostEdges {
     pub vfs: Arc<dyn VfControl>,
     pub links: Arc<dyn LinkControl>,
     pub dcb: Arc<dyn Dcb>,
+    pub record: Arc<dyn PfRecord>,
+    /// `None`: no kubelet PodResources (its socket not configured).
+    pub pod_resources: Option<Arc<dyn PodResourcesSource>>,
 }
 
 impl std::fmt::Debug for HostEdges {
@@ -143,14 +178,22 @@ impl std::fmt::Debug for HostEdges {
 
 /// The `node-agent` loop on the real host (sysfs writes, rtnetlink, DCB
 /// netlink) until SIGTERM.
-pub async fn run(client: Client, cfg: RunConfig, metrics: AgentMetrics) -> anyhow::Result<()> {
+pub async fn run(
+    client: Client,
+    cfg: RunConfig,
+    record: Arc<dyn PfRecord>,
+    pod_resources: Option<Arc<dyn PodResourcesSource>>,
+    metrics: AgentMetrics,
+) -> anyhow::Result<()> {
     let edges = HostEdges {
-        vfs: Arc::new(SysfsVfControl {
-            root: cfg.agent.root.clone(),
-            timeout: cfg.vf_write_timeout,
-        }),
+        vfs: Arc::new(SysfsVfControl::new(
+            cfg.agent.root.clone(),
+            cfg.vf_write_timeout,
+        )),
         links: Arc::new(RtnetlinkLinks::new()?),
         dcb: Arc::new(NetlinkDcb::new(SocketTransport::new()?)),
+        record,
+        pod_resources,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let terminated = async move {
@@ -306,6 +349,29 @@ struct Written {
     at: tokio::time::Instant,
 }
 
+/// Writes `status` by server-side apply; whether it was written.
+async fn report(api: &Api<RdmaNodeState>, node: &str, status: &RdmaNodeStateStatus) -> bool {
+    let body = serde_json::json!({
+        "apiVersion": "kroce.io/v1alpha1",
+        "kind": "RdmaNodeState",
+        "status": status,
+    });
+    match api
+        .patch_status(
+            node,
+            &PatchParams::apply(AGENT_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot report status");
+            false
+        }
+    }
+}
+
 /// The loop itself, over the given edges, until `shutdown` completes.
 pub async fn run_with(
     client: Client,
@@ -315,8 +381,13 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let api: Api<RdmaNodeState> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
-    let HostEdges { vfs, links, dcb } = edges;
+    let HostEdges {
+        vfs,
+        links,
+        dcb,
+        record,
+        pod_resources,
+    } = edges;
     let agent_cfg = Arc::new(cfg.agent.clone());
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
@@ -345,6 +416,8 @@ pub async fn run_with(
         None => ChecksSlot::None,
     };
     let mut written: Option<Written> = None;
+    // (IRQs pending at the last pass, the wait before the next).
+    let mut irq_wait: Option<(usize, Duration)> = None;
     loop {
         let state = match api.get_opt(&cfg.node_name).await {
             Ok(Some(state)) => Some(state),
@@ -376,27 +449,63 @@ pub async fn run_with(
             _ => None,
         };
         let prev = last.map_or(&stored, |w| &w.status).clone();
-        let holders = holders(&pods, &cfg.node_name).await;
+        let holders = holders(&cfg.holders, pod_resources.as_deref()).await;
         let spec = state.spec.clone();
-        let managed = stored.managed_pfs.clone();
-        let (a, v, l, d) = (agent_cfg.clone(), vfs.clone(), links.clone(), dcb.clone());
-        let outcome = tokio::task::spawn_blocking(move || {
+        let (a, v, l, d, r) = (
+            agent_cfg.clone(),
+            vfs.clone(),
+            links.clone(),
+            dcb.clone(),
+            record.clone(),
+        );
+        let mut pass = tokio::task::spawn_blocking(move || {
             let agent = Agent {
                 config: &a,
                 vfs: &*v,
                 links: &*l,
                 dcb: &*d,
+                record: &*r,
             };
-            agent.apply(&spec, &managed, &*holders)
-        })
-        .await?;
+            agent.apply(&spec, &holders)
+        });
+        // A new spec whose pass takes a while (VFs appear within minutes)
+        // is reported InProgress for its generation first, not left under
+        // the last generation's Succeeded.
+        let new_generation = prev.observed_generation != state.metadata.generation;
+        let outcome = tokio::select! {
+            r = &mut pass => r?,
+            _ = tokio::time::sleep(cfg.progress_after), if new_generation => {
+                let mut st = prev.clone();
+                st.sync_state = SyncState::InProgress;
+                st.observed_generation = state.metadata.generation;
+                st.last_error = None;
+                st.last_sync_time = Some(k8s_openapi::jiff::Timestamp::now().to_string());
+                tracing::info!(generation = ?state.metadata.generation, "applying a new spec");
+                if report(&api, &cfg.node_name, &st).await {
+                    written = Some(Written {
+                        uid: uid.clone(),
+                        status: st,
+                        at: tokio::time::Instant::now(),
+                    });
+                }
+                pass.await?
+            }
+        };
+        let last = match &written {
+            Some(w) if w.uid == uid => Some(w),
+            _ => None,
+        };
+        let prev = last.map_or(&stored, |w| &w.status).clone();
         metrics.passes.inc();
         metrics.changes.inc_by(outcome.changes.len() as u64);
         for c in &outcome.changes {
             tracing::info!(change = %c, "applied");
         }
+        for (reason, message) in &outcome.problems {
+            tracing::warn!(node = %cfg.node_name, %reason, "{message}");
+        }
         let mut status = outcome.status;
-        if status.sync_state == kroce_operator::crd::SyncState::Failed {
+        if status.sync_state == SyncState::Failed {
             metrics.failed.inc();
         }
         status.observed_generation = state.metadata.generation;
@@ -425,33 +534,24 @@ pub async fn run_with(
         let heartbeat_due = last.is_none_or(|w| w.at.elapsed() >= cfg.heartbeat);
         if !same_report(&prev, &status) || heartbeat_due {
             status.last_sync_time = Some(now);
-            let body = serde_json::json!({
-                "apiVersion": "kroce.io/v1alpha1",
-                "kind": "RdmaNodeState",
-                "status": status,
-            });
-            match api
-                .patch_status(
-                    &cfg.node_name,
-                    &PatchParams::apply(AGENT_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await
-            {
-                Ok(_) => {
-                    written = Some(Written {
-                        uid,
-                        status,
-                        at: tokio::time::Instant::now(),
-                    });
-                }
-                // Not recorded as written: the next pass sends it again.
-                Err(e) => tracing::warn!(error = %e, "cannot report status"),
+            // Not recorded as written on failure: the next pass sends it again.
+            if report(&api, &cfg.node_name, &status).await {
+                written = Some(Written {
+                    uid,
+                    status,
+                    at: tokio::time::Instant::now(),
+                });
             }
         }
+        irq_wait = match (outcome.irqs_pending, irq_wait) {
+            (0, _) => None,
+            (n, Some((m, w))) if n == m => Some((n, (w * 2).min(cfg.resync))),
+            (n, _) => Some((n, cfg.irq_recheck.min(cfg.resync))),
+        };
+        let next = irq_wait.map_or(cfg.resync, |(_, w)| w);
         tokio::select! {
             _ = wake.notified() => {}
-            _ = tokio::time::sleep(cfg.resync) => {}
+            _ = tokio::time::sleep(next) => {}
             _ = &mut shutdown => return Ok(()),
         }
     }
@@ -477,7 +577,6 @@ mod tests {
         c.admission_phase = Some("Admitted".into());
         c.admission.push(Default::default());
         assert!(same_report(&a, &c));
-        assert_eq!(Unknown("x".into()).holders("0000:3b:00.2").len(), 1);
     }
 
     /// `ethtool -S` that blocks its thread for a while, as a wedged driver does.

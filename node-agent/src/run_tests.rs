@@ -10,9 +10,10 @@
 //! wall-clock one.
 
 use super::counters::{CounterScope, Counters, EthtoolError, EthtoolSource};
-use super::holders::NETWORK_STATUS_ANNOTATION;
+use super::holders::HolderSources;
 use super::node_checks::{NodeChecks, NodeChecksConfig};
 use super::run::{AGENT_MANAGER, AgentMetrics, HostEdges, RunConfig, run_with};
+use super::run::{PodDevices, PodResourcesSource};
 use super::tests::{PF0, PF1, Rig, irq_affinities, pci, pf_config, spec};
 use futures::FutureExt;
 use kroce_admission::counters::CongestionLimits;
@@ -42,6 +43,10 @@ const STEP: Duration = Duration::from_millis(5);
 /// Wall time a whole scenario may take (about 2 s alone, mostly the fixture
 /// host's file system work).
 const REAL_PATIENCE: Duration = Duration::from_secs(60);
+const IRQ_RECHECK: Duration = Duration::from_secs(3);
+const PROGRESS_AFTER: Duration = Duration::from_secs(2);
+/// A driver that takes its time creating VFs (wall time).
+const SLOW_WRITE: Duration = Duration::from_millis(2500);
 
 fn node_state(name: &str, spec: &RdmaNodeStateSpec) -> Value {
     json!({
@@ -58,8 +63,9 @@ fn spec_of(node: &str) -> RdmaNodeStateSpec {
     }
 }
 
-/// A running pod on `node` whose Multus status names the VF `vf`.
-fn pod_holding(node: &str, name: &str, vf: &str) -> Value {
+/// A running pod on `node` whose Multus status names the VF `vf`: what
+/// the old agent took for a holder (any pod author can write it).
+fn pod_claiming(node: &str, name: &str, vf: &str) -> Value {
     let status = json!([{
         "name": "team-a/fast",
         "device-info": {"type": "pci", "pci": {"pci-address": vf}}
@@ -67,10 +73,37 @@ fn pod_holding(node: &str, name: &str, vf: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "team-a",
-                     "annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}},
+                     "annotations": {"k8s.v1.cni.cncf.io/network-status": status.to_string()}},
         "spec": {"nodeName": node, "containers": []},
         "status": {"phase": "Running"}
     })
+}
+
+/// The kubelet's PodResources answer, from memory.
+#[derive(Default)]
+struct FakePodResources {
+    answer: std::sync::Mutex<Vec<PodDevices>>,
+    /// The next this many `List`s fail.
+    failures: AtomicUsize,
+    calls: AtomicUsize,
+}
+
+impl PodResourcesSource for FakePodResources {
+    fn list(&self) -> futures::future::BoxFuture<'_, Result<Vec<PodDevices>, String>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let answer = self.answer.lock().unwrap().clone();
+        Box::pin(async move {
+            if fail {
+                Err("connection refused".to_string())
+            } else {
+                Ok(answer)
+            }
+        })
+    }
 }
 
 /// Runs a scenario on a current-thread runtime with paused time, on its own
@@ -119,6 +152,7 @@ struct Harness {
     metrics: AgentMetrics,
     /// `ethtool -S` of the node checks, when they run.
     ethtool: Arc<FakeEthtool>,
+    pod_resources: Arc<FakePodResources>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -146,6 +180,10 @@ struct Setup {
     heartbeat: Duration,
     /// With the node checks (NRI, doctor, counters) on the fixture host.
     checks: bool,
+    /// `List`s of the kubelet's PodResources that fail first.
+    pod_resources_failures: usize,
+    /// Each `sriov_numvfs` write takes [`SLOW_WRITE`] of wall time.
+    slow_writes: bool,
 }
 
 impl Setup {
@@ -154,6 +192,8 @@ impl Setup {
         resync: RESYNC,
         heartbeat: HEARTBEAT,
         checks: false,
+        pod_resources_failures: 0,
+        slow_writes: false,
     };
 }
 
@@ -177,7 +217,14 @@ impl Harness {
     fn start_with(setup: Setup, seed: impl FnOnce(&ApiServer)) -> Harness {
         let (client, server) = ApiServer::start();
         seed(&server);
-        let rig = Rig::new();
+        let rig = if setup.slow_writes {
+            Rig::with_kernel_hook(|h| {
+                std::thread::sleep(SLOW_WRITE);
+                super::tests::lay_out_kernel_files(h)
+            })
+        } else {
+            Rig::new()
+        };
         let ethtool = Arc::new(FakeEthtool::default());
         let checks = setup.checks.then(|| {
             NodeChecks::new(
@@ -205,11 +252,25 @@ impl Harness {
             checks,
             checks_timeout: Duration::from_secs(30),
             heartbeat: setup.heartbeat,
+            holders: HolderSources {
+                cni_state_required: true,
+                ..rig.sources()
+            },
+            irq_recheck: IRQ_RECHECK,
+            progress_after: PROGRESS_AFTER,
         };
+        // Where the chart's kroce-cni keeps its claims (none yet).
+        std::fs::create_dir_all(rig.sources().cni_state_dir).unwrap();
+        let pod_resources = Arc::new(FakePodResources::default());
+        pod_resources
+            .failures
+            .store(setup.pod_resources_failures, Ordering::SeqCst);
         let edges = HostEdges {
             vfs: rig.kernel.clone(),
             links: rig.links.clone(),
             dcb: rig.dcb.clone(),
+            record: rig.record.clone(),
+            pod_resources: Some(pod_resources.clone()),
         };
         let metrics = AgentMetrics::default();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -221,6 +282,7 @@ impl Harness {
             server,
             metrics,
             ethtool,
+            pod_resources,
             stop: Some(stop),
             task,
         }
@@ -584,8 +646,8 @@ fn host_drift_is_put_back_at_the_next_resync_without_a_status_report() {
 fn the_node_state_of_another_node_is_ignored() {
     scenario(|| async {
         let mut h = Harness::start(NEVER, |s| {
-            // A pod on n2 using "the same" VF address as one of n1's.
-            s.insert(CORE, "pods", pod_holding("n2", "other-0", "0000:3b:00.3"));
+            // A pod on n2 claiming "the same" VF address as one of n1's.
+            s.insert(CORE, "pods", pod_claiming("n2", "other-0", "0000:3b:00.3"));
         });
         h.until("watch of the node state", |h| !h.watches().is_empty())
             .await;
@@ -614,14 +676,10 @@ fn the_node_state_of_another_node_is_ignored() {
         h.until("n1 applied", Harness::in_sync).await;
         assert_eq!(h.rig.kernel.writes(), [(pci(PF0), 0), (pci(PF0), 4)]);
         assert!(h.status().held_vfs.is_empty());
+        // Issue 24: the agent lists no pods at all (its holders come from
+        // the node itself).
         let lists = h.calls_to("GET", &format!("{CORE}/pods"));
-        assert!(!lists.is_empty());
-        assert!(
-            lists
-                .iter()
-                .all(|c| c.param("fieldSelector").as_deref() == Some("spec.nodeName=n1")),
-            "{lists:#?}"
-        );
+        assert!(lists.is_empty(), "{lists:#?}");
         assert!(h.object("n2").unwrap().get("status").is_none());
         h.stop().await.unwrap();
     });
@@ -703,16 +761,28 @@ fn a_failing_watch_is_retried_with_backoff_and_the_resync_still_applies() {
     });
 }
 
+/// Issue 19: holders come from the node's records, not from pods' Multus
+/// annotations (any pod author writes those): a pod annotation naming a VF
+/// holds nothing; the kubelet's PodResources, kroce-cni's claims and the
+/// DRA checkpoint (`attach: false` included) do. An unreadable PodResources
+/// holds every VF.
 #[test]
-fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
+fn vfs_held_per_the_nodes_records_and_an_unreadable_kubelet_holds_all() {
     scenario(|| async {
-        let mut h = Harness::start(RESYNC, |s| {
-            s.fail(500, 1, |c| c.path == format!("{CORE}/pods"));
-            seed_state(s);
-        });
-        // Pass 1 cannot list pods: every VF counts as held, ens1f0 is left
-        // alone. The resync runs pass 2, which reads the (empty) pod list and
-        // applies.
+        let mut h = Harness::start_with(
+            Setup {
+                pod_resources_failures: 1,
+                ..Setup::PLAIN
+            },
+            |s| {
+                // A pod author's forged annotation: ignored.
+                s.insert(CORE, "pods", pod_claiming(NODE, "forger-0", "0000:3b:00.3"));
+                seed_state(s);
+            },
+        );
+        // Pass 1 cannot ask the kubelet: every VF counts as held, ens1f0 is
+        // left alone. The resync runs pass 2, which reads an empty answer
+        // and applies (the annotation holds nothing).
         h.until("two reports", |h| h.status_patches().len() >= 2)
             .await;
         let first: RdmaNodeStateStatus =
@@ -720,7 +790,8 @@ fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
         let held = find(&first.conditions, "VfsHeld").expect("VfsHeld");
         assert!(held.is_true());
         assert!(
-            held.message.contains("cannot list pods"),
+            held.message
+                .contains("cannot read the kubelet's PodResources"),
             "{}",
             held.message
         );
@@ -732,29 +803,59 @@ fn vfs_of_pods_on_this_node_are_held_and_an_unreadable_pod_list_holds_all() {
         let st = h.status();
         assert!(!find(&st.conditions, "VfsHeld").unwrap().is_true());
         assert!(st.held_vfs.is_empty(), "cleared: {:?}", st.held_vfs);
+        assert!(h.calls_to("GET", &format!("{CORE}/pods")).is_empty());
 
-        // A pod on this node holds a VF of ens1f0; the spec wants 2 VFs there.
-        h.server
-            .insert(CORE, "pods", pod_holding(NODE, "trainer-0", "0000:3b:00.3"));
+        // The kubelet assigned a VF of ens1f0 to a pod; the spec wants 2 VFs.
+        *h.pod_resources.answer.lock().unwrap() = vec![PodDevices {
+            pod: "team-a/trainer-0".into(),
+            resource: "rdma/fast".into(),
+            device_ids: vec!["0000:3b:00.3".into()],
+        }];
         h.set_pf0_vfs(2);
         h.until_generation(2).await;
         let st = h.status();
         let held = find(&st.conditions, "VfsHeld").unwrap();
         assert!(
-            held.message.contains("team-a/trainer-0"),
+            held.message
+                .contains("team-a/trainer-0 (kubelet PodResources, rdma/fast)"),
             "{}",
             held.message
         );
         assert_eq!(st.held_vfs.len(), 1, "{:?}", st.held_vfs);
         assert_eq!(st.held_vfs[0].pods, ["team-a/trainer-0"]);
         assert_eq!(h.vfs_on(PF0), 4);
-        // The pod finishes; the next resync removes the VFs it held.
-        h.server.update(CORE, "pods", "team-a", "trainer-0", |p| {
-            p["status"]["phase"] = "Succeeded".into();
-        });
+
+        // The pod ends, but a DRA claim with `attach: false` (no network,
+        // so no annotation and no CNI claim) holds another VF.
+        h.pod_resources.answer.lock().unwrap().clear();
+        super::tests::dra_checkpoint(&h.rig, "0000:3b:00.4", "team-b", "rdma-c", false);
+        sleep(RESYNC).await;
+        settle().await;
+        let st = h.status();
+        assert_eq!(h.vfs_on(PF0), 4);
+        assert_eq!(st.held_vfs.len(), 1, "{:?}", st.held_vfs);
+        assert_eq!(st.held_vfs[0].pci_address, "0000:3b:00.4");
+        assert!(
+            st.held_vfs[0]
+                .reason
+                .contains("DRA claim team-b/rdma-c, attach: false"),
+            "{}",
+            st.held_vfs[0].reason
+        );
+        // A kroce-cni claim holds too.
+        std::fs::remove_file(h.rig.sources().dra_checkpoint).unwrap();
+        super::tests::cni_claim(&h.rig, "0000:3b:00.2", "team-c", "infer-0");
+        sleep(RESYNC).await;
+        settle().await;
+        let st = h.status();
+        assert_eq!(h.vfs_on(PF0), 4);
+        assert_eq!(st.held_vfs[0].pods, ["team-c/infer-0"]);
+        // Released: the next resync removes the VFs.
+        std::fs::remove_dir_all(h.rig.sources().cni_state_dir.join("vf")).unwrap();
         h.until("ens1f0 at 2 VFs", Harness::in_sync).await;
         assert_eq!(h.vfs_on(PF0), 2);
         assert!(h.status().held_vfs.is_empty());
+        assert!(h.pod_resources.calls.load(Ordering::SeqCst) >= 4);
         h.stop().await.unwrap();
     });
 }
@@ -909,6 +1010,168 @@ fn an_unchanged_report_is_rewritten_at_the_heartbeat_only() {
         assert_eq!(h.status_patches().len(), 2);
         sleep(RESYNC).await;
         assert_eq!(h.status_patches().len(), 3);
+        h.stop().await.unwrap();
+    });
+}
+
+/// Log lines, for the warn-level checks.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuf {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Issue 24: while a new spec is being applied (VFs take their time), the
+/// status says InProgress for the new generation, not Succeeded for the
+/// previous one; a failed pass is logged at warn with the PF and the reason.
+/// Wall time: the pass really blocks its thread, as a driver does.
+#[test]
+fn a_slow_pass_reports_in_progress_for_its_generation_and_failures_are_logged() {
+    let logs = LogBuf::default();
+    let w = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut h = Harness::start_with(
+            Setup {
+                resync: NEVER,
+                slow_writes: true,
+                ..Setup::PLAIN
+            },
+            seed_state,
+        );
+        h.until("first apply", Harness::in_sync).await;
+        let first: Vec<RdmaNodeStateStatus> = h
+            .status_patches()
+            .iter()
+            .map(|c| serde_json::from_value(c.body["status"].clone()).unwrap())
+            .collect();
+        let states: Vec<(SyncState, Option<i64>)> = first
+            .iter()
+            .map(|s| (s.sync_state, s.observed_generation))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (SyncState::InProgress, Some(1)),
+                (SyncState::Succeeded, Some(1))
+            ]
+        );
+
+        // Generation 2 asks for 2 VFs; the driver refuses (ENOSPC), slowly.
+        h.rig
+            .kernel
+            .fail
+            .lock()
+            .unwrap()
+            .push((pci(PF0), libc::ENOSPC));
+        let patches = h.status_patches().len();
+        assert!(h.set_pf0_vfs(2));
+        h.until("generation 2 in progress", |h| {
+            h.stored_status().is_some_and(|s| {
+                s.observed_generation == Some(2) && s.sync_state == SyncState::InProgress
+            })
+        })
+        .await;
+        assert_eq!(h.status_patches().len(), patches + 1);
+        h.until("generation 2 failed", |h| {
+            h.stored_status()
+                .is_some_and(|s| s.sync_state == SyncState::Failed)
+        })
+        .await;
+        let text = logs.text();
+        let warn = text
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains("VfResourcesExhausted"))
+            .unwrap_or_else(|| panic!("no warn line for the failed pass in:\n{text}"));
+        assert!(
+            warn.contains("0000:3b:00.0") && warn.contains("ens1f0") && warn.contains("MSI-X"),
+            "{warn}"
+        );
+        h.stop().await.unwrap();
+    });
+}
+
+/// Issue 25: while VF IRQs wait for their device to open, the loop passes
+/// again after `irq_recheck` (doubling while nothing changes), and pins
+/// them at the first pass after they appear; then it is quiet again.
+#[test]
+fn pending_irqs_are_rechecked_and_pinned_once_they_appear() {
+    scenario(|| async {
+        let mut h = Harness::start(NEVER, seed_state);
+        h.until("first apply", Harness::in_sync).await;
+        settle().await;
+        // ens2f0's VFs go down: their IRQs are not requested any more.
+        let host = h.rig.host();
+        let vf_irqs: Vec<u32> = irq_affinities(&host, PF1, &h.rig.path)
+            .into_iter()
+            .filter(|(dev, _, _)| dev != PF1)
+            .map(|(_, irq, _)| irq)
+            .collect();
+        let saved = h.rig.path.join("saved-irqs");
+        std::fs::create_dir_all(&saved).unwrap();
+        for irq in &vf_irqs {
+            std::fs::rename(
+                h.rig.path.join(format!("proc/irq/{irq}")),
+                saved.join(irq.to_string()),
+            )
+            .unwrap();
+        }
+        // A spec change makes a pass, which finds them pending.
+        assert!(h.set_pf0_vfs(2));
+        h.until("IRQs pending reported", |h| {
+            h.stored_status()
+                .is_some_and(|s| find(&s.conditions, "IrqsPending").is_some_and(|c| c.is_true()))
+        })
+        .await;
+        let passes = h.passes();
+        // Rechecks after 3 s and 6 s more (no resync for an hour).
+        sleep(IRQ_RECHECK + STEP * 10).await;
+        assert_eq!(h.passes(), passes + 1);
+        sleep(IRQ_RECHECK * 2).await;
+        assert_eq!(h.passes(), passes + 2);
+        // The netdevs open: the kernel adds the IRQs, the next recheck pins them.
+        for irq in &vf_irqs {
+            let d = h.rig.path.join(format!("proc/irq/{irq}"));
+            std::fs::rename(saved.join(irq.to_string()), &d).unwrap();
+            std::fs::write(d.join("smp_affinity_list"), "0-31\n").unwrap();
+        }
+        h.until("IRQs pinned", |h| {
+            h.stored_status()
+                .is_some_and(|s| find(&s.conditions, "IrqsPending").is_some_and(|c| !c.is_true()))
+        })
+        .await;
+        for (dev, irq, cpus) in irq_affinities(&h.rig.host(), PF1, &h.rig.path) {
+            let list: Vec<u32> = cpus.cpus().collect();
+            assert!(
+                list.len() == 1 && (18..=31).contains(&list[0]),
+                "IRQ {irq} of {dev}: {cpus}"
+            );
+        }
+        let passes = h.passes();
+        sleep(IRQ_RECHECK * 20).await;
+        assert_eq!(h.passes(), passes, "nothing pending: no more rechecks");
         h.stop().await.unwrap();
     });
 }

@@ -3,8 +3,9 @@
 
 use super::apply::{Agent, AgentConfig, ApplyOutcome};
 use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, FakeDcb};
-use super::holders::PodSnapshot;
+use super::holders::{HolderSources, NodeHolders};
 use super::links::FixtureLinks;
+use super::pf_record::MemPfRecord;
 use super::vfs::{FixtureKernel, SysfsVfControl};
 use kroce_operator::crd::{
     IrqAffinity, IrqPolicy, PfConfig, QosSpec, RdmaNodeStateSpec, ReservedCpusMode, SyncState,
@@ -25,7 +26,7 @@ pub(super) fn pci(s: &str) -> PciAddress {
 
 /// What `mkdir rdma_cm/<dev>` makes the kernel lay out, and the ECN
 /// switches mlx5 exposes: added for every RDMA device and PF netdev.
-fn lay_out_kernel_files(host: &FixtureHost) {
+pub(super) fn lay_out_kernel_files(host: &FixtureHost) {
     let root = host.path();
     let ib = root.join("sys/class/infiniband");
     for e in std::fs::read_dir(&ib).unwrap().flatten() {
@@ -63,12 +64,19 @@ pub(super) struct Rig {
     pub(super) kernel: Arc<FixtureKernel>,
     pub(super) links: Arc<FixtureLinks>,
     pub(super) dcb: Arc<FakeDcb>,
+    pub(super) record: Arc<MemPfRecord>,
     pub(super) config: AgentConfig,
     pub(super) path: PathBuf,
 }
 
 impl Rig {
     pub(super) fn new() -> Rig {
+        Rig::with_kernel_hook(lay_out_kernel_files)
+    }
+
+    /// `hook` runs after each simulated `sriov_numvfs` write (it must lay
+    /// out the kernel files, as [`lay_out_kernel_files`] does).
+    pub(super) fn with_kernel_hook(hook: fn(&FixtureHost)) -> Rig {
         let host = FixtureHost::connectx6dx_pair().unwrap();
         lay_out_kernel_files(&host);
         let path = host.path().to_path_buf();
@@ -80,11 +88,12 @@ impl Rig {
         };
         let links = FixtureLinks::new(path.join("sys"));
         let mut kernel = FixtureKernel::new(host);
-        kernel.after_write = Some(lay_out_kernel_files);
+        kernel.after_write = Some(hook);
         Rig {
             kernel: Arc::new(kernel),
             links: Arc::new(links),
             dcb: Arc::new(FakeDcb::default()),
+            record: Arc::new(MemPfRecord::default()),
             config,
             path,
         }
@@ -96,12 +105,23 @@ impl Rig {
             vfs: &*self.kernel,
             links: &*self.links,
             dcb: &*self.dcb,
+            record: &*self.record,
         }
     }
 
-    fn apply(&self, spec: &RdmaNodeStateSpec, managed: &[&str]) -> ApplyOutcome {
-        let managed: Vec<String> = managed.iter().map(|s| s.to_string()).collect();
-        self.agent().apply(spec, &managed, &PodSnapshot::default())
+    /// Where the fixture host keeps kroce-cni's claims and the DRA checkpoint.
+    pub(super) fn sources(&self) -> HolderSources {
+        HolderSources {
+            cni_state_dir: self.path.join("var/lib/cni/kroce"),
+            dra_checkpoint: self.path.join("var/lib/kroce/dra/checkpoint.json"),
+            cni_state_required: false,
+        }
+    }
+
+    /// One pass, with the holders the node's records name.
+    pub(super) fn apply(&self, spec: &RdmaNodeStateSpec) -> ApplyOutcome {
+        self.agent()
+            .apply(spec, &NodeHolders::read(&self.sources()))
     }
 
     pub(super) fn file(&self, rel: &str) -> String {
@@ -177,7 +197,7 @@ pub(super) fn irq_affinities(host: &Host, pf: &str, root: &Path) -> Vec<(String,
 #[test]
 fn applies_vfs_mtu_irqs_and_qos_on_a_fixture_host() {
     let rig = Rig::new();
-    let o = rig.apply(&spec(), &[]);
+    let o = rig.apply(&spec());
     assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
     assert!(condition(&o, "Ready").is_true());
     assert!(!condition(&o, "Degraded").is_true());
@@ -264,7 +284,7 @@ fn applies_vfs_mtu_irqs_and_qos_on_a_fixture_host() {
     assert_eq!(q.trust.as_deref(), Some("dscp"));
 
     // A second pass finds nothing to do.
-    let again = rig.apply(&spec(), &[]);
+    let again = rig.apply(&spec());
     assert!(again.changes.is_empty(), "{:#?}", again.changes);
     assert_eq!(rig.kernel.writes().len(), 2);
 }
@@ -272,7 +292,7 @@ fn applies_vfs_mtu_irqs_and_qos_on_a_fixture_host() {
 #[test]
 fn drift_is_detected_and_put_back() {
     let rig = Rig::new();
-    let first = rig.apply(&spec(), &[]);
+    let first = rig.apply(&spec());
     assert_eq!(first.status.sync_state, SyncState::Succeeded);
     let host = rig.host();
     let (_, irq, _) = irq_affinities(&host, PF0, &rig.path)[0].clone();
@@ -302,7 +322,7 @@ fn drift_is_detected_and_put_back() {
         .unwrap()
         .pfc_en = 0xff;
 
-    let o = rig.apply(&spec(), &[]);
+    let o = rig.apply(&spec());
     assert_eq!(o.status.sync_state, SyncState::Succeeded);
     let joined = o.changes.join("\n");
     for needle in [
@@ -332,7 +352,7 @@ fn drift_is_detected_and_put_back() {
         .unwrap()
         .set_num_vfs(&pci(PF1), 0)
         .unwrap();
-    let o = rig.apply(&spec(), &[]);
+    let o = rig.apply(&spec());
     assert!(
         o.changes.iter().any(|c| c.contains("sriov_numvfs 0 -> 8")),
         "{:?}",
@@ -344,12 +364,85 @@ fn drift_is_detected_and_put_back() {
     );
 }
 
+/// A kroce-cni claim on `vf` (of PF0) for pod `ns/pod`, written by
+/// kroce-cni's own state code, as ADD writes it.
+pub(super) fn cni_claim(rig: &Rig, vf: &str, ns: &str, pod: &str) {
+    use kroce_cni::state::{Claim, Original, Phase, Planned, StateDir};
+    use kroce_cni::vf::{Target, VfTarget};
+    let claim = Claim {
+        version: 1,
+        vf: Target::Vf(VfTarget {
+            pci: pci(vf),
+            pf_pci: pci(PF0),
+            vf_index: 1,
+            pf_ifname: "ens1f0".into(),
+            netdev: Some("ens1f0v1".into()),
+            rdma: None,
+            driver: Some("mlx5_core".into()),
+            pf_driver: None,
+        }),
+        container_id: "0123456789abcdef0123".into(),
+        ifname: "net1".into(),
+        netns: "/var/run/netns/cni-1".into(),
+        network: "fast".into(),
+        phase: Phase::Attached,
+        original: Original {
+            link: kroce_cni::netlink::route::LinkInfo {
+                index: 7,
+                name: "ens1f0v1".into(),
+                mac: None,
+                mtu: 1500,
+                up: false,
+                altnames: Vec::new(),
+                parent_dev: Some(vf.into()),
+            },
+            vf: None,
+        },
+        planned: Planned::default(),
+        pod_ifindex: None,
+        result: None,
+        config: serde_json::json!({"cniVersion": "1.1.0", "name": "fast", "type": "kroce-cni"}),
+        cni_args: format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID=0123"
+        ),
+        cni_path: vec!["/opt/cni/bin".into()],
+    };
+    StateDir::new(rig.sources().cni_state_dir)
+        .write_claim(&claim)
+        .unwrap();
+}
+
+/// A DRA checkpoint (`dra/src/checkpoint.rs`, version 1) with one
+/// prepared claim `ns/name` on the VF device of `vf`.
+pub(super) fn dra_checkpoint(rig: &Rig, vf: &str, ns: &str, name: &str, attach: bool) {
+    let device = crate::holders::dra_vf_device_name(vf);
+    let cp = serde_json::json!({
+        "version": 1,
+        "claims": {
+            "8d9e3b52-0f3c-4c39-9a55-6d0b1d3a7f10": {
+                "namespace": ns, "name": name,
+                "devices": [{
+                    "requestNames": ["vf"], "pool": "n1", "device": device,
+                    "cdiDeviceIds": [format!("rdma.kroce.io/vf={device}")],
+                    "config": {"attach": attach}
+                }],
+                "files": []
+            }
+        }
+    });
+    let path = rig.sources().dra_checkpoint;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, serde_json::to_vec_pretty(&cp).unwrap()).unwrap();
+}
+
+/// Issue 19: a pod's own Multus annotation (which its author writes) no
+/// longer holds a VF; kroce-cni's claim on it does, naming the pod the
+/// runtime gave kroce-cni.
 #[test]
 fn vfs_held_by_pods_are_not_pulled_and_the_pods_are_named() {
     let rig = Rig::new();
-    let status = r#"[{"name":"team-a/fast","device-info":{"type":"pci","pci":{"pci-address":"0000:3b:00.3"}}}]"#;
-    let pods = PodSnapshot::from_pods([("team-a", "trainer-0", status)]);
-    let o = rig.agent().apply(&spec(), &[], &pods);
+    cni_claim(&rig, "0000:3b:00.3", "team-a", "trainer-0");
+    let o = rig.apply(&spec());
     assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());
     let held = condition(&o, "VfsHeld");
     assert!(held.is_true());
@@ -376,7 +469,7 @@ fn a_vf_netdev_moved_out_of_the_host_namespace_counts_as_held() {
         .unwrap()
         .remove_netdev("ens1f0v5")
         .unwrap();
-    let o = rig.apply(&spec(), &[]);
+    let o = rig.apply(&spec());
     assert!(rig.kernel.writes().iter().all(|(p, _)| *p != pci(PF0)));
     assert!(
         condition(&o, "VfsHeld").message.contains("VF 5"),
@@ -393,7 +486,7 @@ fn kernel_errors_become_conditions_and_other_pfs_proceed() {
         .lock()
         .unwrap()
         .push((pci(PF0), libc::ENOSPC));
-    let o = rig.apply(&spec(), &[]);
+    let o = rig.apply(&spec());
     assert_eq!(o.status.sync_state, SyncState::Failed);
     let d = condition(&o, "Degraded");
     assert!(d.is_true());
@@ -420,7 +513,7 @@ fn invalid_spec_changes_nothing_and_names_the_field() {
     let mut s = spec();
     s.pfs[1].pci_address = "0000:99:00.0".into();
     s.pfs[0].vf_groups[0].vf_range = "0-9".into();
-    let o = rig.apply(&s, &[]);
+    let o = rig.apply(&s);
     assert!(rig.kernel.writes().is_empty());
     assert!(rig.links.calls().is_empty());
     assert!(
@@ -445,27 +538,145 @@ fn invalid_spec_changes_nothing_and_names_the_field() {
     assert_eq!(o.status.pfs.len(), 2);
 }
 
-#[test]
-fn a_managed_pf_that_leaves_the_spec_goes_back_to_zero_vfs() {
-    let rig = Rig::new();
-    let s = RdmaNodeStateSpec {
+/// Sets a PF's VF count on the fixture host as an admin (or the firmware)
+/// would, outside kroce.
+fn admin_sets_vfs(rig: &Rig, pf: &str, n: u32) {
+    let mut host = rig.kernel.host.lock().unwrap();
+    host.set_num_vfs(&pci(pf), 0).unwrap();
+    host.set_num_vfs(&pci(pf), n).unwrap();
+}
+
+fn only(pfs: Vec<kroce_operator::crd::PfConfig>) -> RdmaNodeStateSpec {
+    RdmaNodeStateSpec {
         node_name: "n1".into(),
-        pfs: vec![pf_config(PF0, "ens1f0", 8)],
+        pfs,
         ..Default::default()
-    };
-    let o = rig.apply(&s, &[PF0, PF1]);
-    assert_eq!(rig.kernel.writes(), [(pci(PF1), 0)]);
-    assert_eq!(o.status.managed_pfs, [PF0]);
-    // A PF kroce never managed is left alone.
+    }
+}
+
+fn vfs_on(rig: &Rig, pf: &str) -> u32 {
+    rig.host().pci[&pci(pf)].sriov.as_ref().unwrap().num_vfs
+}
+
+/// Issue 24: VFs that existed before any network (4 on ens2f0, made by
+/// the admin) are not kroce's: the network asks for 4, so kroce writes
+/// nothing, and when the network goes the PF keeps its 4. The old agent
+/// listed it in managedPfs and wrote 4 -> 0.
+#[test]
+fn vfs_that_were_there_before_kroce_stay_when_the_network_goes() {
     let rig = Rig::new();
-    rig.apply(&s, &[]);
-    assert!(rig.kernel.writes().is_empty());
+    admin_sets_vfs(&rig, PF1, 4);
+    let s = only(vec![
+        pf_config(PF0, "ens1f0", 8),
+        pf_config(PF1, "ens2f0", 4),
+    ]);
+    let o = rig.apply(&s);
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());
+    assert!(rig.record.entries().is_empty(), "kroce changed nothing");
+    // The network is deleted (or the node deselected): an empty spec.
+    let o = rig.apply(&only(vec![]));
+    assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());
+    assert_eq!(vfs_on(&rig, PF1), 4);
+    assert_eq!(vfs_on(&rig, PF0), 8);
+    assert!(
+        o.status.managed_pfs.is_empty(),
+        "{:?}",
+        o.status.managed_pfs
+    );
+}
+
+/// Issue 24: a PF kroce raised from 0 to 8 goes back to 0 on release, and
+/// one it raised from 4 to 8 goes back to 4 (never below what was there).
+#[test]
+fn a_released_pf_goes_back_to_its_vf_count_from_before_kroce() {
+    let rig = Rig::new();
+    admin_sets_vfs(&rig, PF0, 0);
+    admin_sets_vfs(&rig, PF1, 4);
+    let s = only(vec![
+        pf_config(PF0, "ens1f0", 8),
+        pf_config(PF1, "ens2f0", 8),
+    ]);
+    let o = rig.apply(&s);
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    assert_eq!((vfs_on(&rig, PF0), vfs_on(&rig, PF1)), (8, 8));
+    let before: Vec<(String, u32)> = rig.record.entries().into_iter().collect();
+    assert_eq!(before, [(PF0.to_string(), 0), (PF1.to_string(), 4)]);
+    // A later spec change keeps the first "before".
+    let s2 = only(vec![
+        pf_config(PF0, "ens1f0", 2),
+        pf_config(PF1, "ens2f0", 8),
+    ]);
+    rig.apply(&s2);
+    assert_eq!(rig.record.entries()[PF0], 0);
+    let writes = rig.kernel.writes().len();
+
+    let o = rig.apply(&only(vec![]));
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    assert_eq!(
+        rig.kernel.writes()[writes..],
+        [(pci(PF0), 0), (pci(PF1), 0), (pci(PF1), 4)]
+    );
+    assert_eq!((vfs_on(&rig, PF0), vfs_on(&rig, PF1)), (0, 4));
+    assert!(rig.record.entries().is_empty(), "released: kroce's no more");
+    assert!(o.status.managed_pfs.is_empty());
+    assert!(
+        o.changes
+            .iter()
+            .any(|c| c.contains("sriov_numvfs 8 -> 4 (released")),
+        "{:?}",
+        o.changes
+    );
+    // Released PFs are the admin's again: another pass writes nothing.
+    rig.apply(&only(vec![]));
+    assert_eq!(rig.kernel.writes().len(), writes + 3);
+}
+
+/// The record is saved before the first write: a save that fails leaves
+/// the PF untouched, with the reason.
+#[test]
+fn no_vf_count_change_without_its_record() {
+    let rig = Rig::new();
+    rig.record
+        .fail_saves
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let o = rig.apply(&spec());
+    assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());
+    let d = condition(&o, "Degraded");
+    assert_eq!(d.reason, "PfRecordUnwritable");
+    assert!(
+        d.message.contains("0000:3b:00.0") && d.message.contains("8 -> 4"),
+        "{}",
+        d.message
+    );
+}
+
+/// A held VF blocks a release like any change; the PF stays recorded and
+/// managed until it is back at its old count.
+#[test]
+fn a_release_waits_for_held_vfs() {
+    let rig = Rig::new();
+    rig.apply(&spec());
+    assert_eq!(rig.record.entries()[PF0], 8);
+    cni_claim(&rig, "0000:3b:00.3", "team-a", "trainer-0");
+    let o = rig.apply(&only(vec![]));
+    assert_eq!(vfs_on(&rig, PF0), 4);
+    assert_eq!(o.status.managed_pfs, [PF0]);
+    assert!(
+        condition(&o, "VfsHeld")
+            .message
+            .contains("team-a/trainer-0")
+    );
+    std::fs::remove_dir_all(rig.sources().cni_state_dir.join("vf")).unwrap();
+    let o = rig.apply(&only(vec![]));
+    assert_eq!(vfs_on(&rig, PF0), 8);
+    assert!(o.status.managed_pfs.is_empty());
 }
 
 #[test]
 fn refused_irq_is_reported_not_fatal_and_irqbalance_is_noticed() {
     let rig = Rig::new();
-    rig.apply(&spec(), &[]);
+    rig.apply(&spec());
     let host = rig.host();
     let (_, irq, _) = irq_affinities(&host, PF1, &rig.path)[0].clone();
     // A file the agent cannot write (stands in for the EIO of managed IRQs).
@@ -478,7 +689,7 @@ fn refused_irq_is_reported_not_fatal_and_irqbalance_is_noticed() {
     std::fs::write(f.join("x"), "").unwrap();
     std::fs::create_dir_all(rig.path.join("proc/4242")).unwrap();
     std::fs::write(rig.path.join("proc/4242/comm"), "irqbalance\n").unwrap();
-    let o = rig.apply(&spec(), &[]);
+    let o = rig.apply(&spec());
     let p = o
         .status
         .irq_placement
@@ -499,12 +710,13 @@ fn refused_irq_is_reported_not_fatal_and_irqbalance_is_noticed() {
 #[test]
 fn missing_ecn_and_configfs_are_errors_naming_the_path() {
     let rig = Rig::new();
-    std::fs::remove_dir_all(rig.path.join("sys/class/net/ens1f0/ecn")).unwrap();
+    // The driver has RoCE ECN (the `ecn` dir) but not this file.
+    std::fs::remove_file(rig.path.join("sys/class/net/ens1f0/ecn/roce_rp/enable/3")).unwrap();
     std::fs::remove_dir_all(rig.path.join("configfs/rdma_cm/mlx5_0")).unwrap();
     // No VF change, so the simulated kernel lays nothing out again.
     let mut s = spec();
     s.pfs[0] = pf_config(PF0, "ens1f0", 8);
-    let o = rig.apply(&s, &[]);
+    let o = rig.apply(&s);
     let d = condition(&o, "Degraded");
     assert!(
         d.message.contains("ens1f0/ecn/roce_rp/enable/3"),
@@ -525,10 +737,7 @@ fn missing_ecn_and_configfs_are_errors_naming_the_path() {
 fn vfs_that_never_appear_time_out_with_what_is_missing() {
     // The real sysfs writer on a fixture: the file changes, no kernel creates VFs.
     let rig = Rig::new();
-    let ctl = SysfsVfControl {
-        root: rig.config.root.clone(),
-        timeout: Duration::from_secs(5),
-    };
+    let ctl = SysfsVfControl::new(rig.config.root.clone(), Duration::from_secs(5));
     let mut config = rig.config.clone();
     config.vf_wait = Duration::from_millis(200);
     let agent = Agent {
@@ -536,11 +745,12 @@ fn vfs_that_never_appear_time_out_with_what_is_missing() {
         vfs: &ctl,
         links: &*rig.links,
         dcb: &*rig.dcb,
+        record: &*rig.record,
     };
     let mut s = spec();
     s.pfs[1].num_vfs = 16;
     s.pfs[1].vf_groups[0].vf_range = "0-15".into();
-    let o = agent.apply(&s, &[], &PodSnapshot::default());
+    let o = agent.apply(&s, &NodeHolders::default());
     let d = condition(&o, "Degraded");
     assert_eq!(d.reason, "VfNotReady", "{d:?}");
     assert!(
@@ -561,9 +771,8 @@ fn held_vfs_are_reported_as_data_for_the_drain() {
         .unwrap()
         .remove_netdev("ens1f0v5")
         .unwrap();
-    let status = r#"[{"name":"team-a/fast","device-info":{"type":"pci","pci":{"pci-address":"0000:3b:00.3"}}}]"#;
-    let pods = PodSnapshot::from_pods([("team-a", "trainer-0", status)]);
-    let o = rig.agent().apply(&spec(), &[], &pods);
+    cni_claim(&rig, "0000:3b:00.3", "team-a", "trainer-0");
+    let o = rig.apply(&spec());
     let held: Vec<(&str, u32, &str, Vec<&str>)> = o
         .status
         .held_vfs
@@ -586,6 +795,13 @@ fn held_vfs_are_reported_as_data_for_the_drain() {
         ]
     );
     assert!(o.status.held_vfs[1].reason.contains("no netdev"));
+    assert!(
+        o.status.held_vfs[0]
+            .reason
+            .contains("kroce-cni claim (network fast"),
+        "{}",
+        o.status.held_vfs[0].reason
+    );
     // Once nothing holds them, the list empties.
     rig.kernel
         .host
@@ -593,7 +809,8 @@ fn held_vfs_are_reported_as_data_for_the_drain() {
         .unwrap()
         .add_virtual_netdev("ens1f0v5", "02:00:00:00:05:05", 1500)
         .unwrap();
-    let o = rig.apply(&spec(), &[]);
+    std::fs::remove_dir_all(rig.sources().cni_state_dir.join("vf")).unwrap();
+    let o = rig.apply(&spec());
     assert!(o.status.held_vfs.is_empty(), "{:?}", o.status.held_vfs);
 }
 
@@ -615,7 +832,7 @@ fn soft_devices_are_checked_not_created() {
             if_names: vec!["kvf0".into(), "kvf1".into()],
         }],
     };
-    let o = rig.apply(&spec, &[]);
+    let o = rig.apply(&spec);
     assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());
     assert!(o.changes.is_empty(), "{:?}", o.changes);
     assert_eq!(o.status.sync_state, SyncState::Failed);
@@ -636,7 +853,7 @@ fn soft_devices_are_checked_not_created() {
         .unwrap()
         .add_rxe("rxe_kvf1", "kvf1")
         .unwrap();
-    let o = rig.apply(&spec, &[]);
+    let o = rig.apply(&spec);
     assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
     assert_eq!(
         o.status.soft_devices[1].rdma_device.as_deref(),
@@ -705,8 +922,9 @@ fn a_driver_refusing_pfc_fails_the_pass_and_names_the_pf() {
         vfs: &*rig.kernel,
         links: &*rig.links,
         dcb: &dcb,
+        record: &*rig.record,
     };
-    let o = agent.apply(&spec(), &[], &PodSnapshot::default());
+    let o = agent.apply(&spec(), &NodeHolders::default());
     assert_eq!(o.status.sync_state, SyncState::Failed, "{:#?}", o.status);
     let d = condition(&o, "Degraded");
     assert!(d.is_true());
@@ -728,4 +946,129 @@ fn a_driver_refusing_pfc_fails_the_pass_and_names_the_pf() {
         "{:?}",
         o.changes
     );
+}
+
+/// Issue 25: a NIC without DCB or RoCE ECN (igb: `DCB IEEE_GET on eth0:
+/// Operation not supported`, no `/sys/class/net/eth0/ecn`) gets a clear
+/// "not supported by this driver" condition; everything else is applied
+/// and the pass succeeds. The old agent failed the whole sync.
+#[test]
+fn a_driver_without_dcb_or_ecn_is_reported_unsupported_not_failed() {
+    let mut rig = Rig::new();
+    rig.dcb = Arc::new(FakeDcb {
+        unsupported: vec!["ens1f0".into()],
+        ..Default::default()
+    });
+    std::fs::remove_dir_all(rig.path.join("sys/class/net/ens1f0/ecn")).unwrap();
+    // No VF change, so the simulated kernel lays no ECN files out again.
+    let mut s = spec();
+    s.pfs[0] = pf_config(PF0, "ens1f0", 8);
+    s.pfs[0].qos = Some(QosSpec {
+        pfc_priority: 3,
+        ..Default::default()
+    });
+    let o = rig.apply(&s);
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    assert!(condition(&o, "Ready").is_true());
+    assert!(
+        !condition(&o, "Degraded").is_true(),
+        "{:?}",
+        condition(&o, "Degraded")
+    );
+    let u = condition(&o, "QosUnsupported");
+    assert!(u.is_true());
+    assert_eq!(u.reason, "NotSupportedByDriver");
+    assert!(
+        u.message.contains("ens1f0 (0000:3b:00.0)")
+            && u.message
+                .contains("DCB (PFC, trust) not supported by this driver")
+            && u.message.contains("Operation not supported")
+            && u.message.contains("RoCE ECN not supported by this driver")
+            && u.message.contains("ens1f0/ecn"),
+        "{}",
+        u.message
+    );
+    // The other PF's QoS and everything else went on.
+    assert!(
+        o.changes.iter().any(|c| c.starts_with("ens2f0: ")),
+        "{:?}",
+        o.changes
+    );
+    assert!(
+        o.changes.iter().any(|c| c.contains("MTU")),
+        "{:?}",
+        o.changes
+    );
+}
+
+/// Issue 25: IRQs a VF has not requested yet (igbvf requests its MSI-X
+/// vectors when the netdev opens, so `/proc/irq/N` is not there) are
+/// reported as pending, not as "kept their affinity", and are pinned at a
+/// later pass once they appear.
+#[test]
+fn irqs_of_a_down_device_are_pending_and_pinned_when_they_appear() {
+    let rig = Rig::new();
+    rig.apply(&spec());
+    let host = rig.host();
+    // Every VF IRQ of ens1f0 not requested yet.
+    let vf_irqs: Vec<u32> = irq_affinities(&host, PF0, &rig.path)
+        .into_iter()
+        .filter(|(dev, _, _)| dev != PF0)
+        .map(|(_, irq, _)| irq)
+        .collect();
+    assert!(!vf_irqs.is_empty());
+    let saved = rig.path.join("saved-irqs");
+    std::fs::create_dir_all(&saved).unwrap();
+    for irq in &vf_irqs {
+        std::fs::rename(
+            rig.path.join(format!("proc/irq/{irq}")),
+            saved.join(irq.to_string()),
+        )
+        .unwrap();
+    }
+    let o = rig.apply(&spec());
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    let p = condition(&o, "IrqsPending");
+    assert!(p.is_true());
+    assert_eq!(p.reason, "DeviceDown");
+    assert!(
+        p.message.starts_with(&format!(
+            "{} IRQs not allocated yet (device down)",
+            vf_irqs.len()
+        )),
+        "{}",
+        p.message
+    );
+    assert!(!condition(&o, "IrqsRefused").is_true(), "not refused");
+    assert_eq!(o.irqs_pending, vf_irqs.len());
+    let pending = o
+        .status
+        .irq_placement
+        .iter()
+        .find(|p| p.irq == vf_irqs[0])
+        .unwrap();
+    assert!(
+        pending
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("not requested by the driver yet"),
+        "{pending:?}"
+    );
+    // The netdevs open: the kernel adds the IRQs with its default affinity.
+    for irq in &vf_irqs {
+        let d = rig.path.join(format!("proc/irq/{irq}"));
+        std::fs::rename(saved.join(irq.to_string()), &d).unwrap();
+        std::fs::write(d.join("smp_affinity_list"), "0-31\n").unwrap();
+    }
+    let o = rig.apply(&spec());
+    assert!(!condition(&o, "IrqsPending").is_true());
+    assert_eq!(o.irqs_pending, 0);
+    for (dev, irq, cpus) in irq_affinities(&rig.host(), PF0, &rig.path) {
+        let list: Vec<u32> = cpus.cpus().collect();
+        assert!(
+            list.len() == 1 && (2..=15).contains(&list[0]),
+            "IRQ {irq} of {dev}: {cpus}"
+        );
+    }
 }

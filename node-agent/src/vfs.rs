@@ -4,7 +4,10 @@
 //! something an admin can act on.
 
 use sriov_helpers::{HostError, HostRoot, PciAddress};
+use std::collections::BTreeMap;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +26,16 @@ pub enum VfError {
         #[source]
         source: io::Error,
     },
+    /// An earlier write timed out and the kernel is still in it: writing
+    /// again would queue behind it (or race it).
+    #[error(
+        "{pf}: an earlier write of sriov_numvfs={num} is still running in the kernel ({elapsed:?}); not writing again until it returns"
+    )]
+    Busy {
+        pf: PciAddress,
+        num: u32,
+        elapsed: Duration,
+    },
     #[error("{pf}: {source}")]
     Host {
         pf: PciAddress,
@@ -36,6 +49,7 @@ impl VfError {
     pub fn reason(&self) -> &'static str {
         match self {
             VfError::Timeout { .. } => "VfCreateTimeout",
+            VfError::Busy { .. } => "VfWriteInProgress",
             VfError::Kernel { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC) => "VfResourcesExhausted",
                 Some(libc::EBUSY) => "VfBusy",
@@ -82,22 +96,69 @@ pub trait VfControl: Send + Sync {
     fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), VfError>;
 }
 
+/// A write that outlived its timeout, still in the kernel.
+#[derive(Debug)]
+struct InFlight {
+    num: u32,
+    started: std::time::Instant,
+    done: Arc<AtomicBool>,
+}
+
 /// The real thing: the sysfs write on a helper thread, abandoned (and
-/// reported) if it does not return within `timeout`.
+/// reported) if it does not return within `timeout`. An abandoned write
+/// keeps its PF busy until its thread returns: later writes to that PF are
+/// refused with [`VfError::Busy`] instead of piling up behind it.
 #[derive(Debug, Clone)]
 pub struct SysfsVfControl {
     pub root: HostRoot,
     pub timeout: Duration,
+    in_flight: Arc<Mutex<BTreeMap<PciAddress, InFlight>>>,
+}
+
+impl SysfsVfControl {
+    pub fn new(root: HostRoot, timeout: Duration) -> Self {
+        SysfsVfControl {
+            root,
+            timeout,
+            in_flight: Arc::default(),
+        }
+    }
 }
 
 impl VfControl for SysfsVfControl {
     fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), VfError> {
+        {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = in_flight.get(&pf) {
+                if !w.done.load(Ordering::SeqCst) {
+                    return Err(VfError::Busy {
+                        pf,
+                        num: w.num,
+                        elapsed: w.started.elapsed(),
+                    });
+                }
+                in_flight.remove(&pf);
+            }
+        }
+        let started = std::time::Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
         let root = self.root.clone();
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
         std::thread::Builder::new()
             .name(format!("sriov-numvfs-{pf}"))
             .spawn(move || {
-                let _ = tx.send(sriov_helpers::pci::set_num_vfs(&root, pf, num));
+                let r = sriov_helpers::pci::set_num_vfs(&root, pf, num);
+                finished.store(true, Ordering::SeqCst);
+                // Nobody waits any more after a timeout: say how it ended.
+                if let Err(r) = tx.send(r) {
+                    match r.0 {
+                        Ok(()) => tracing::warn!(%pf, num, "late sriov_numvfs write finished"),
+                        Err(e) => {
+                            tracing::warn!(%pf, num, error = %e, "late sriov_numvfs write failed")
+                        }
+                    }
+                }
             })
             .map_err(|source| VfError::Kernel {
                 pf,
@@ -107,11 +168,17 @@ impl VfControl for SysfsVfControl {
             })?;
         match rx.recv_timeout(self.timeout) {
             Ok(r) => r.map_err(|e| map_host_error(pf, num, e)),
-            Err(_) => Err(VfError::Timeout {
-                pf,
-                num,
-                timeout: self.timeout,
-            }),
+            Err(_) => {
+                self.in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(pf, InFlight { num, started, done });
+                Err(VfError::Timeout {
+                    pf,
+                    num,
+                    timeout: self.timeout,
+                })
+            }
         }
     }
 }
@@ -229,10 +296,7 @@ mod tests {
     #[test]
     fn real_sysfs_write_on_a_fixture_file_and_missing_pf_error() {
         let host = sriov_helpers::fixture::FixtureHost::connectx6dx_pair().unwrap();
-        let ctl = SysfsVfControl {
-            root: host.root(),
-            timeout: Duration::from_secs(5),
-        };
+        let ctl = SysfsVfControl::new(host.root(), Duration::from_secs(5));
         let pf: PciAddress = "0000:3b:00.0".parse().unwrap();
         // A plain file takes the write (the fixture has no kernel behind it).
         ctl.write_num_vfs(pf, 0).unwrap();
@@ -241,5 +305,55 @@ mod tests {
         let missing: PciAddress = "0000:99:00.0".parse().unwrap();
         let e = ctl.write_num_vfs(missing, 4).unwrap_err();
         assert!(e.to_string().contains("0000:99:00.0"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod busy_tests {
+    use super::*;
+    use std::io::Write as _;
+
+    /// Issue 19: a timed-out write keeps its PF busy, so the next pass does
+    /// not write again while the kernel is still in the first one. A FIFO
+    /// stands in for a `sriov_numvfs` whose driver blocks.
+    #[test]
+    fn a_timed_out_write_marks_its_pf_busy_until_it_returns() {
+        let host = sriov_helpers::fixture::FixtureHost::connectx6dx_pair().unwrap();
+        let pf: PciAddress = "0000:3b:00.0".parse().unwrap();
+        let file = host.root().pci_devices().join("0000:3b:00.0/sriov_numvfs");
+        std::fs::remove_file(&file).unwrap();
+        nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let ctl = SysfsVfControl::new(host.root(), Duration::from_millis(100));
+        let e = ctl.write_num_vfs(pf, 4).unwrap_err();
+        assert!(matches!(e, VfError::Timeout { .. }), "{e}");
+        // Still blocked: refused at once, no second writer.
+        let t = std::time::Instant::now();
+        let e = ctl.write_num_vfs(pf, 4).unwrap_err();
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        assert_eq!(e.reason(), "VfWriteInProgress");
+        assert!(
+            e.to_string().contains("0000:3b:00.0") && e.to_string().contains("still running"),
+            "{e}"
+        );
+        // The kernel returns: the blocked read of the current count gets 4,
+        // the write is done (nothing to change).
+        let mut w = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        w.write_all(b"4\n").unwrap();
+        drop(w);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match ctl.write_num_vfs(pf, 4) {
+                Err(VfError::Busy { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                // Free again: a new write runs (and blocks on the FIFO).
+                Err(VfError::Timeout { .. }) => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        // Unblock that writer too so its thread ends.
+        let mut w = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        w.write_all(b"4\n").unwrap();
+        drop(w);
     }
 }
