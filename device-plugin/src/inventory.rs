@@ -376,4 +376,39 @@ mod tests {
         assert_eq!(rxe.pci, None);
         assert_eq!(rxe.pack_group(), "rxe0");
     }
+
+    #[test]
+    fn rxe_on_a_vf_netdev_is_the_vfs_rdma_device() {
+        use sriov_helpers::fixture::{FixtureHost, PfSpec};
+        let mut fx = FixtureHost::new().unwrap();
+        fx.add_numa_node(0, "0-1").unwrap();
+        fx.add_numa_node(1, "2-3").unwrap();
+        fx.add_rdma_cm().unwrap();
+        let pf: PciAddress = "0000:01:00.0".parse().unwrap();
+        fx.add_pf(PfSpec::igb("0000:01:00.0", "eth0", Some(1), 2))
+            .unwrap();
+        let netdev = fx.add_rxe_on_vf("rxe0", &pf, 1).unwrap();
+        fx.add_ipv4_gid("rxe0", 2, Ipv4Addr::new(10, 0, 0, 7), &netdev)
+            .unwrap();
+        fx.add_rxe("rxe1", "veth9").unwrap();
+        let c = candidates(&HostView::scan(&fx.root()), &mut Memory::default());
+        let vf1 = fx.vf_address(&pf, 1).unwrap().to_string();
+        let vf = c.iter().find(|c| c.id == vf1).unwrap();
+        assert_eq!(vf.kind, DeviceKind::Vf);
+        assert_eq!(vf.numa, Some(1));
+        assert_eq!(vf.link_type, Some(LinkType::Ether));
+        let r = vf.rdma.as_ref().expect("the VF shows its rxe");
+        assert_eq!(r.name, "rxe0");
+        assert!(r.present);
+        let nodes: Vec<&str> = r.char_devices.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(nodes, ["uverbs0", "umad0"]);
+        assert!(r.char_devices.iter().all(|c| c.present));
+        assert_eq!(r.roce_v2_gid, Some((3, Ipv4Addr::new(10, 0, 0, 7))));
+        // Not listed a second time as a soft device; the veth's rxe is one.
+        assert!(!c.iter().any(|c| c.id == "rxe0"));
+        let soft = c.iter().find(|c| c.id == "rxe1").unwrap();
+        assert_eq!(soft.kind, DeviceKind::Soft);
+        let vf0 = fx.vf_address(&pf, 0).unwrap().to_string();
+        assert!(c.iter().find(|c| c.id == vf0).unwrap().rdma.is_none());
+    }
 }

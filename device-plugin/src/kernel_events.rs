@@ -56,6 +56,9 @@ const UEVENT_KERNEL_GROUP: u32 = 1;
 /// which itself triggers a rescan.
 const RCVBUF: usize = 1 << 20;
 const READ_BUF: usize = 64 * 1024;
+/// The sequence number of our own link dump request: kernel notifications
+/// carry 0, so the dump's answers are told apart by it.
+const DUMP_SEQ: u32 = 0x6b72_6f63;
 
 /// What the last scan found that link and `net` events can be about: the
 /// netdevs of candidate devices and every netdev with a PCI function, by name
@@ -170,14 +173,18 @@ pub struct LinkEvent {
     pub name: Option<String>,
     /// `IFLA_PARENT_DEV_BUS_NAME` (kernel 5.14+): `pci` for a VF or PF netdev.
     pub parent_bus: Option<String>,
+    /// An answer to our own link dump (the links there were at start), not
+    /// a change: it only teaches names.
+    pub from_dump: bool,
 }
 
-fn link_event(m: &LinkMessage, change: Change) -> LinkEvent {
+fn link_event(m: &LinkMessage, change: Change, from_dump: bool) -> LinkEvent {
     let mut ev = LinkEvent {
         change,
         ifindex: m.header.index,
         name: None,
         parent_bus: None,
+        from_dump,
     };
     for a in &m.attributes {
         match a {
@@ -203,12 +210,13 @@ pub fn parse_links(buf: &[u8]) -> Result<Vec<LinkEvent>, String> {
         }
         let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..off + len])
             .map_err(|e| format!("netlink message at offset {off}: {e}"))?;
+        let from_dump = msg.header.sequence_number == DUMP_SEQ;
         match msg.payload {
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) => {
-                out.push(link_event(&m, Change::NewLink))
+                out.push(link_event(&m, Change::NewLink, from_dump))
             }
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(m)) => {
-                out.push(link_event(&m, Change::DelLink))
+                out.push(link_event(&m, Change::DelLink, from_dump))
             }
             NetlinkPayload::InnerMessage(
                 RouteNetlinkMessage::NewAddress(m) | RouteNetlinkMessage::DelAddress(m),
@@ -217,6 +225,7 @@ pub fn parse_links(buf: &[u8]) -> Result<Vec<LinkEvent>, String> {
                 ifindex: m.header.index,
                 name: None,
                 parent_bus: None,
+                from_dump,
             }),
             _ => {}
         }
@@ -225,12 +234,54 @@ pub fn parse_links(buf: &[u8]) -> Result<Vec<LinkEvent>, String> {
     Ok(out)
 }
 
-/// A link we know (by name, or by ifindex after a rename) or one on a PCI
-/// function (a new VF netdev). Pods' veths come and go without a rescan.
-pub fn link_concerns(ev: &LinkEvent, interest: &Interest) -> bool {
-    ev.name.as_ref().is_some_and(|n| interest.names.contains(n))
-        || interest.ifindexes.contains(&ev.ifindex)
-        || ev.parent_bus.as_deref() == Some("pci")
+/// Whether link and address events concern us, judged by name wherever the
+/// kernel gives one: a link event names its link, and the names this socket
+/// learnt per ifindex (from a dump of the links at start, then from every
+/// link event) name an address event's link too. The scan's ifindexes are
+/// only the fallback for an address event on a link it never heard of (the
+/// dump failed). An ifindex alone misjudges: the fixture trees tests and
+/// simulations run on carry made-up ifindexes that collide with real links
+/// (a bridge, a veth peer).
+#[derive(Debug, Default)]
+pub struct LinkFilter {
+    /// The last name each ifindex had in a link event on this socket.
+    names: std::collections::HashMap<u32, String>,
+}
+
+impl LinkFilter {
+    /// A link we know (by its name, or by the name it had before a rename)
+    /// or one on a PCI function (a new VF netdev); an address on a link we
+    /// know. Pods' veths, their peers and bridges come and go without a
+    /// rescan.
+    pub fn concerns(&mut self, ev: &LinkEvent, interest: &Interest) -> bool {
+        let known = |n: &String| interest.names.contains(n);
+        if ev.from_dump {
+            if let Some(name) = &ev.name {
+                self.names.insert(ev.ifindex, name.clone());
+            }
+            return false;
+        }
+        match (ev.change, &ev.name) {
+            (Change::Address, _) => match self.names.get(&ev.ifindex) {
+                Some(n) => known(n),
+                None => interest.ifindexes.contains(&ev.ifindex),
+            },
+            (change, Some(name)) => {
+                let before = if change == Change::DelLink {
+                    self.names.remove(&ev.ifindex)
+                } else {
+                    self.names.insert(ev.ifindex, name.clone())
+                };
+                known(name)
+                    || before.as_ref().is_some_and(known)
+                    || ev.parent_bus.as_deref() == Some("pci")
+            }
+            // No name (not sent by the kernel for links, but cheap to cover).
+            (_, None) => {
+                interest.ifindexes.contains(&ev.ifindex) || ev.parent_bus.as_deref() == Some("pci")
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -310,6 +361,27 @@ pub fn spawn(interest: watch::Receiver<Interest>) -> Result<Listener, EventsErro
     })
 }
 
+/// Asks the kernel for every link of this namespace on the listening socket
+/// itself: the answers (`from_dump`) arrive before any later notification
+/// and teach the filter the names of links that existed before we listened.
+/// Best effort: without it, address events fall back to the scan's ifindexes.
+async fn request_link_dump(sock: &TokioSocket) {
+    use rtnetlink::packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
+    let mut header = rtnetlink::packet_core::NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = DUMP_SEQ;
+    let mut msg = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::GetLink(LinkMessage::default())),
+    );
+    msg.finalize();
+    let mut buf = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    if let Err(e) = sock.send_to(&buf, &SocketAddr::new(0, 0)).await {
+        tracing::debug!(error = %e, "cannot ask for the link list; address events fall back to ifindexes");
+    }
+}
+
 async fn listen(
     sock: TokioSocket,
     kind: Kind,
@@ -318,6 +390,10 @@ async fn listen(
     relevant: Arc<AtomicU64>,
 ) {
     let mut buf: Vec<u8> = Vec::with_capacity(READ_BUF);
+    let mut links = LinkFilter::default();
+    if matches!(kind, Kind::Link) {
+        request_link_dump(&sock).await;
+    }
     let wake = || {
         relevant.fetch_add(1, Ordering::Relaxed);
         changed.notify_one();
@@ -330,6 +406,10 @@ async fn listen(
                 // Events were dropped: we cannot tell which, so rescan.
                 tracing::debug!(?kind, "netlink receive buffer overran; rescanning");
                 wake();
+                // Link events were lost with it: learn the names afresh.
+                if matches!(kind, Kind::Link) {
+                    request_link_dump(&sock).await;
+                }
                 continue;
             }
             Err(e) => {
@@ -351,13 +431,15 @@ async fn listen(
                     _ => false,
                 },
                 Kind::Link => match parse_links(&buf) {
-                    Ok(evs) => match evs.iter().find(|ev| link_concerns(ev, &interest)) {
-                        Some(ev) => {
+                    // Every event is judged (not just up to the first that
+                    // concerns us): each one teaches the filter a name.
+                    Ok(evs) => evs.iter().fold(false, |hit, ev| {
+                        let concerns = links.concerns(ev, &interest);
+                        if concerns && !hit {
                             tracing::debug!(change = ?ev.change, ifindex = ev.ifindex, name = ?ev.name, "link event; rescanning");
-                            true
                         }
-                        None => false,
-                    },
+                        hit || concerns
+                    }),
                     Err(e) => {
                         tracing::debug!(error = %e, "undecodable link event; rescanning");
                         true
@@ -552,18 +634,21 @@ mod tests {
                     ifindex: 12,
                     name: Some("ens1f0v1".into()),
                     parent_bus: Some("pci".into()),
+                    from_dump: false,
                 },
                 LinkEvent {
                     change: Change::DelLink,
                     ifindex: 13,
                     name: Some("veth9".into()),
                     parent_bus: None,
+                    from_dump: false,
                 },
                 LinkEvent {
                     change: Change::Address,
                     ifindex: 12,
                     name: None,
                     parent_bus: None,
+                    from_dump: false,
                 }
             ]
         );
@@ -574,29 +659,105 @@ mod tests {
     #[test]
     fn which_link_events_concern_us() {
         let i = interest();
-        let ev = |idx, name: &str, bus: Option<&str>| LinkEvent {
-            change: Change::NewLink,
+        let mut f = LinkFilter::default();
+        let ev = |change, idx, name: &str, bus: Option<&str>| LinkEvent {
+            change,
             ifindex: idx,
             name: Some(name.into()),
             parent_bus: bus.map(String::from),
+            from_dump: false,
         };
-        assert!(link_concerns(&ev(99, "ens1f0v1", None), &i));
-        // Renamed: the ifindex is still known.
-        assert!(link_concerns(&ev(7, "renamed0", None), &i));
-        // A new VF netdev on a kernel that names the parent bus.
-        assert!(link_concerns(&ev(50, "eth5", Some("pci")), &i));
-        // A pod's veth, a bridge.
-        assert!(!link_concerns(&ev(51, "veth1234", None), &i));
-        assert!(!link_concerns(&ev(52, "cni0", None), &i));
-        // An address on a known link (its GIDs), and on another.
+        let new = |idx, name: &str| ev(Change::NewLink, idx, name, None);
         let addr = |idx| LinkEvent {
             change: Change::Address,
             ifindex: idx,
             name: None,
             parent_bus: None,
+            from_dump: false,
         };
-        assert!(link_concerns(&addr(7), &i));
-        assert!(!link_concerns(&addr(51), &i));
+        // An address on a scanned ifindex before any link event named it.
+        assert!(f.concerns(&addr(7), &i));
+        assert!(!f.concerns(&addr(51), &i));
+        assert!(f.concerns(&new(99, "ens1f0v1"), &i));
+        // A new VF netdev on a kernel that names the parent bus.
+        assert!(f.concerns(&ev(Change::NewLink, 50, "eth5", Some("pci")), &i));
+        // A pod's veth, a bridge: no.
+        assert!(!f.concerns(&new(51, "veth1234"), &i));
+        assert!(!f.concerns(&new(52, "cni0"), &i));
+        // Renamed: the name it had is known.
+        assert!(f.concerns(&new(99, "renamed0"), &i));
+    }
+
+    /// The links there were at start, from our own dump: learnt, no rescan;
+    /// an address on one of them is then judged by its name, not by a
+    /// scanned ifindex it happens to share.
+    #[test]
+    fn dump_answers_teach_names_and_wake_nothing() {
+        let i = interest();
+        let mut f = LinkFilter::default();
+        let dumped = |idx, name: &str| LinkEvent {
+            change: Change::NewLink,
+            ifindex: idx,
+            name: Some(name.into()),
+            parent_bus: None,
+            from_dump: true,
+        };
+        assert!(!f.concerns(&dumped(7, "vfpeer"), &i));
+        assert!(!f.concerns(&dumped(8, "ens1f0v1"), &i));
+        let addr = |idx| LinkEvent {
+            change: Change::Address,
+            ifindex: idx,
+            name: None,
+            parent_bus: None,
+            from_dump: false,
+        };
+        assert!(!f.concerns(&addr(7), &i));
+        assert!(f.concerns(&addr(8), &i));
+        // Our dump request is told from notifications by its sequence number.
+        let mut m = LinkMessage::default();
+        m.header.index = 8;
+        m.attributes = vec![LinkAttribute::IfName("ens1f0v1".into())];
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = DUMP_SEQ;
+        let mut msg = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
+        );
+        msg.finalize();
+        let mut buf = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        assert!(parse_links(&buf).unwrap()[0].from_dump);
+    }
+
+    /// Issue 24: a bridge and a veth peer whose ifindexes the scan also
+    /// holds (a fixture tree's made-up ones, or a stale one) woke rescans.
+    /// Judged by name, neither their links nor their addresses do.
+    #[test]
+    fn bridges_and_veth_peers_on_a_scanned_ifindex_do_not_concern_us() {
+        let i = interest(); // ifindex 7 was scanned for a known netdev
+        let mut f = LinkFilter::default();
+        let link = |change, name: &str| LinkEvent {
+            change,
+            ifindex: 7,
+            name: Some(name.into()),
+            parent_bus: None,
+            from_dump: false,
+        };
+        for name in ["cni0", "vfpeer", "veth1234"] {
+            assert!(!f.concerns(&link(Change::NewLink, name), &i), "{name}");
+            // Its addresses (IPv6 link-local, the bridge's gateway IP).
+            let addr = LinkEvent {
+                change: Change::Address,
+                ifindex: 7,
+                name: None,
+                parent_bus: None,
+                from_dump: false,
+            };
+            assert!(!f.concerns(&addr, &i), "{name}");
+            assert!(!f.concerns(&link(Change::DelLink, name), &i), "{name}");
+        }
+        // The known link itself on that ifindex still does.
+        assert!(f.concerns(&link(Change::NewLink, "ens1f0"), &i));
     }
 
     #[test]

@@ -52,6 +52,11 @@ struct Cli {
     #[arg(long, global = true, env = "KROCE_DP_POD_RESOURCES_SOCKET", default_value = plugin::DEFAULT_POD_RESOURCES_SOCKET)]
     pod_resources_socket: PathBuf,
 
+    /// How often, in milliseconds, PodResources is asked what pods hold on its
+    /// own: a deleted pod's device-info files are removed within this.
+    #[arg(long, global = true, env = "KROCE_DP_POD_RESOURCES_POLL_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pod_resources_poll_ms: u64,
+
     /// Where device-info files (device-info-spec 1.1.0) are written for Multus/CNI.
     #[arg(long, global = true, default_value = plugin::DEFAULT_DEVINFO_DIR)]
     devinfo_dir: PathBuf,
@@ -192,6 +197,7 @@ fn run_cmd(cli: &Cli) -> anyhow::Result<()> {
         kernel_events: true,
         counters: Default::default(),
         pod_resources_socket: cli.pod_resources_socket.clone(),
+        pod_resources_poll: Duration::from_millis(cli.pod_resources_poll_ms),
         allocation_grace: plugin::DEFAULT_ALLOCATION_GRACE,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

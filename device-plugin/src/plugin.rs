@@ -43,6 +43,9 @@ pub const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
 /// Without kernel events sysfs (which sends no inotify events) is probed at
 /// least this often, as before events existed.
 pub const FALLBACK_RESCAN: Duration = Duration::from_secs(1);
+/// How often PodResources is asked what pods hold, on its own: a deleted
+/// pod's device-info files go within this, not at the next safety rescan.
+pub const DEFAULT_POD_RESOURCES_POLL: Duration = Duration::from_secs(1);
 /// A full scan even when the probe saw no change (GID tables, link targets).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(10);
 /// Editors and ConfigMap swaps write in bursts: wait this long before reading.
@@ -69,6 +72,9 @@ pub struct Options {
     pub counters: Arc<Counters>,
     /// The kubelet's PodResources socket: which devices running pods hold.
     pub pod_resources_socket: PathBuf,
+    /// How often what pods hold is read on its own (PodResources, else the
+    /// checkpoint); a change rescans at once.
+    pub pod_resources_poll: Duration,
     pub allocation_grace: Duration,
 }
 
@@ -86,6 +92,7 @@ impl Options {
             kernel_events: true,
             counters: Arc::default(),
             pod_resources_socket: DEFAULT_POD_RESOURCES_SOCKET.into(),
+            pod_resources_poll: DEFAULT_POD_RESOURCES_POLL,
             allocation_grace: DEFAULT_ALLOCATION_GRACE,
         }
     }
@@ -100,6 +107,8 @@ pub struct Counters {
     pub scans: AtomicU64,
     /// Kernel events that concerned us (each wakes a rescan; bursts coalesce).
     pub kernel_events: AtomicU64,
+    /// Reads of what pods hold on the PodResources poll (not those of rescans).
+    pub in_use_polls: AtomicU64,
 }
 
 impl Counters {
@@ -202,11 +211,16 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     );
     let mut tick = tokio::time::interval(rescan_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(r.opts.pod_resources_poll);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate: the start-up scan covers it.
+    poll.tick().await;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => r.tick().await,
+            _ = poll.tick() => r.poll_in_use().await,
             _ = notified(kernel_changed.as_deref()) => {
                 if let Some(l) = &events {
                     r.opts.counters.kernel_events.store(l.relevant.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -312,6 +326,7 @@ impl Reconciler {
         let asked = Instant::now();
         match self.pod_resources.list().await {
             Ok(kubelet) => {
+                tracing::debug!(socket = %self.pod_resources.path().display(), held = %held_summary(&kubelet), "PodResources listed");
                 if self.pod_resources_error.take().is_some() {
                     tracing::info!(socket = %self.pod_resources.path().display(), "PodResources answers again; in-use devices come from it");
                 }
@@ -326,6 +341,7 @@ impl Reconciler {
                 let msg = e.to_string();
                 let asked = Instant::now();
                 let checkpoint = kubelet_checkpoint::try_read(&self.opts.kubelet_dir);
+                // Warned once per distinct failure (the poll asks every second).
                 if self.pod_resources_error.as_deref() != Some(&msg) {
                     let path = self.opts.kubelet_dir.join(kubelet_checkpoint::FILE_NAME);
                     if checkpoint.is_some() {
@@ -362,6 +378,29 @@ impl Reconciler {
                     && self.last_full.elapsed() < FULL_SCAN_EVERY => {}
             _ => self.rescan_with(in_use).await,
         }
+    }
+
+    /// PodResources on its own short interval: when what pods hold changed
+    /// (a pod deleted, or started), rescan now, so a released device's
+    /// device-info file goes (and its health follows) without waiting for
+    /// the safety rescan. Nothing else is read when nothing changed.
+    async fn poll_in_use(&mut self) {
+        self.opts
+            .counters
+            .in_use_polls
+            .fetch_add(1, Ordering::Relaxed);
+        let in_use = self.in_use().await;
+        if self
+            .last_probe
+            .is_some_and(|(_, seen, _)| seen == fingerprint(&in_use))
+        {
+            return;
+        }
+        tracing::debug!(
+            source = in_use.source.as_str(),
+            "what pods hold changed; rescanning"
+        );
+        self.rescan_with(in_use).await;
     }
 
     async fn rescan(&mut self) {
@@ -626,6 +665,22 @@ impl Reconciler {
         self.cdi_written.clear();
         let snap = self.shared.latest();
         self.reconcile_files(&snap, &in_use);
+    }
+}
+
+/// `rdma/vf=[0000:3b:00.2 0000:3b:00.3] nvidia.com/gpu=[…]`, for the debug log.
+fn held_summary(a: &pod_resources::Assigned) -> String {
+    let parts: Vec<String> = a
+        .iter()
+        .map(|(r, ids)| {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            format!("{r}=[{}]", ids.join(" "))
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join(" ")
     }
 }
 

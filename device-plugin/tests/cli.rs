@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kroce_device_plugin::testing::scratch_dir;
-use sriov_helpers::fixture::FixtureHost;
+use sriov_helpers::fixture::{FixtureHost, PfSpec};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kroce-device-plugin");
@@ -24,6 +24,90 @@ fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
     )
     .unwrap();
     p
+}
+
+/// Issue 25: an rxe made on a VF's netdev (as on QEMU's igb VFs, where the
+/// VF has no RDMA device of its own) is shown as that VF's RDMA device,
+/// with its char devices and RoCE v2 GID index, not as a separate soft device.
+#[test]
+fn discover_shows_an_rxe_on_a_vf_netdev_as_the_vfs_rdma_device() {
+    let dir = scratch_dir("kroce-host-").unwrap();
+    let mut fx = FixtureHost::at(dir.path()).unwrap();
+    fx.add_numa_node(0, "0-1").unwrap();
+    fx.add_numa_node(1, "2-3").unwrap();
+    fx.add_rdma_cm().unwrap();
+    let pf: sriov_helpers::PciAddress = "0000:01:00.0".parse().unwrap();
+    fx.add_pf(PfSpec::igb("0000:01:00.0", "eth0", Some(1), 2))
+        .unwrap();
+    let netdev = fx.add_rxe_on_vf("rxe0", &pf, 1).unwrap();
+    fx.add_ipv4_gid("rxe0", 2, std::net::Ipv4Addr::new(10, 0, 0, 7), &netdev)
+        .unwrap();
+    let vf1 = fx.vf_address(&pf, 1).unwrap().to_string();
+    let work = scratch_dir("kroce-cli-").unwrap();
+    let cfg = work.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        "pools:\n- resourceName: vf\n  selectors: {vendors: [\"8086\"], devices: [\"10ca\"], isRdma: true}\n",
+    )
+    .unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("discover");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd
+            .arg("--host-root")
+            .arg(fx.path())
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = run(false);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&vf1))
+        .unwrap_or_else(|| panic!("{vf1} missing:\n{table}"));
+    assert!(
+        line.contains(" rxe0 ") && line.contains("rdma/vf"),
+        "{table}"
+    );
+    assert!(!table.lines().any(|l| l.starts_with("rxe0")), "{table}");
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    // PF and two VFs; no separate soft device.
+    assert_eq!(devices.len(), 3, "{v:#}");
+    let row = devices
+        .iter()
+        .find(|d| d["device"]["id"] == vf1.as_str())
+        .unwrap();
+    assert_eq!(row["pool"], "rdma/vf");
+    assert_eq!(row["device"]["kind"], "vf");
+    assert_eq!(row["device"]["numa"], 1);
+    assert_eq!(row["device"]["driver"], "igbvf");
+    let rdma = &row["device"]["rdma"];
+    assert_eq!(rdma["name"], "rxe0", "{row:#}");
+    assert_eq!(rdma["charDevices"][0]["name"], "uverbs0", "{row:#}");
+    assert_eq!(rdma["charDevices"][1]["name"], "umad0", "{row:#}");
+    assert_eq!(rdma["roceV2Gid"][0], 3, "{row:#}");
+    assert_eq!(row["health"]["state"], "Healthy", "{row:#}");
+    // VF 0 has no RDMA device: not in an isRdma pool.
+    let vf0 = fx.vf_address(&pf, 0).unwrap().to_string();
+    let row0 = devices
+        .iter()
+        .find(|d| d["device"]["id"] == vf0.as_str())
+        .unwrap();
+    assert!(
+        row0["device"]["rdma"].is_null() && row0["pool"].is_null(),
+        "{row0:#}"
+    );
 }
 
 #[test]

@@ -612,6 +612,49 @@ async fn deleted_pods_devices_stop_counting_as_in_use() {
     h.shutdown().await;
 }
 
+/// Issue 24: the device-info file of a device a deleted pod held goes
+/// within the plugin's own PodResources poll, not at the next safety
+/// rescan (30 s) when no kernel event happens to come; what pods hold
+/// changes nothing else while it stays the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_device_info_goes_at_the_next_pod_resources_poll() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut h = Harness::prepare(VF_CONFIG, false);
+    // Only the poll can meet the bound: the safety tick is the default.
+    h.rescan = kroce_device_plugin::plugin::DEFAULT_RESCAN;
+    h.start_kubelet().await;
+    h.start_plugin();
+    ready(&h, VF, 16).await;
+    let mut client = h.kubelet().client(VF).unwrap();
+    let vf = "0000:3b:00.2";
+    h.pods().run_pod("pa", VF, &[vf]);
+    client.allocate(alloc_req(&[vf])).await.unwrap();
+    let file = h.devinfo_dir().join(format!("rdma-vf-{vf}-device.json"));
+    assert!(file.exists());
+    // Held past the allocation grace: kept, and polls alone rescan nothing.
+    tokio::time::sleep(common::GRACE * 4).await;
+    assert!(file.exists());
+    let (polls, scans) = (h.counters.in_use_polls.load(Relaxed), h.counters.scans());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(h.counters.in_use_polls.load(Relaxed) >= polls + 2);
+    assert_eq!(
+        h.counters.scans(),
+        scans,
+        "polls that saw no change rescanned"
+    );
+    assert!(file.exists());
+    h.pods().delete_pod("pa");
+    let t = Instant::now();
+    h.kubelet()
+        .wait_for(SEEN_WITHIN, "released device-info removed", |_| {
+            (!file.exists()).then_some(())
+        })
+        .await
+        .unwrap();
+    eprintln!("released device-info removed after {:?}", t.elapsed());
+    h.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn free_vf_whose_netdev_vanishes_goes_unhealthy_without_restart() {
     let h = Harness::start(VF_CONFIG, false).await;

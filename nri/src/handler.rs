@@ -7,7 +7,9 @@
 //! the runtime would turn into a failed container creation.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use prost::Message;
 
@@ -85,8 +87,71 @@ pub struct Handler<R> {
     /// had to be capped; written to `sink` whenever it changes.
     state: Mutex<StatusFile>,
     sink: Box<dyn StatusSink>,
-    /// VF network attachment of DRA claims at the pod lifecycle events.
-    network: Option<Box<dyn PodNetworkHook>>,
+    /// VF network attachment of DRA claims at the pod lifecycle events
+    /// (shared with the worker threads that run them).
+    network: Option<Arc<dyn PodNetworkHook>>,
+    /// The runtime's NRI request timeout from Configure, in ms (0: not said).
+    request_timeout_ms: AtomicU64,
+}
+
+/// The attach (RunPodSandbox) or release (StopPodSandbox, RemovePodSandbox)
+/// of one pod's DRA network: blocking work (netlink, IPAM exec, a VF lock)
+/// owning all it needs, so it can run on a worker thread.
+#[derive(Debug, Clone)]
+pub struct PodJob {
+    hook: Arc<dyn PodNetworkHook>,
+    method: &'static str,
+    pub facts: PodFacts,
+}
+
+impl PodJob {
+    /// RunPodSandbox: its failure fails the sandbox.
+    pub fn is_attach(&self) -> bool {
+        self.method == "RunPodSandbox"
+    }
+
+    pub fn method(&self) -> &'static str {
+        self.method
+    }
+
+    /// Runs it (blocking) and gives the reply. An attach that fails fails the
+    /// sandbox (the runtime then fails it): a pod without the network its
+    /// claim asked for is worse than a retried one. A release never fails:
+    /// what is left is logged and retried at the next event.
+    pub fn run(&self) -> (Reply, usize) {
+        let facts = &self.facts;
+        if self.is_attach() {
+            match self.hook.attach(facts) {
+                Ok(0) => (Reply::Ok(Vec::new()), 0),
+                Ok(n) => {
+                    tracing::info!(pod = %format!("{}/{}", facts.namespace, facts.name), attached = n, "VFs attached");
+                    (Reply::Ok(Vec::new()), n)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "network attachment failed; the sandbox fails");
+                    (Reply::error(code::INTERNAL, e), 0)
+                }
+            }
+        } else {
+            for e in self.hook.release(facts) {
+                tracing::warn!(method = self.method, sandbox = %facts.sandbox_id, error = %e, "VF not released (retried at the next pod event)");
+            }
+            (Reply::Ok(Vec::new()), 0)
+        }
+    }
+
+    /// Undoes an attach whose answer the runtime never got (it came after
+    /// the deadline, or the connection was gone): the sandbox failed.
+    pub fn roll_back(&self) {
+        let facts = &self.facts;
+        let errors = self.hook.release(facts);
+        if errors.is_empty() {
+            tracing::warn!(sandbox = %facts.sandbox_id, pod = %format!("{}/{}", facts.namespace, facts.name), "late attachment rolled back: the runtime had already failed the sandbox");
+        }
+        for e in errors {
+            tracing::warn!(sandbox = %facts.sandbox_id, error = %e, "late attachment not fully rolled back (retried at the next pod event)");
+        }
+    }
 }
 
 impl<R: MemlockRequests> Handler<R> {
@@ -102,13 +167,57 @@ impl<R: MemlockRequests> Handler<R> {
             }),
             sink: Box::new(NoStatus),
             network: None,
+            request_timeout_ms: AtomicU64::new(0),
         }
+    }
+
+    /// The runtime's NRI request timeout, when its Configure said.
+    pub fn runtime_request_timeout(&self) -> Option<Duration> {
+        match self.request_timeout_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// The pod network work a request asks for (RunPodSandbox, Stop-,
+    /// RemovePodSandbox, or their StateChange form, with a pod, when network
+    /// attachment is on), for the caller to run off its read loop; `None`:
+    /// answer it with [`Handler::handle`].
+    pub fn pod_job(&self, service: &str, method: &str, payload: &[u8]) -> Option<PodJob> {
+        if service == PLUGIN_SERVICE && self.network.is_some() {
+            let pod_method = match method {
+                "RunPodSandbox" | "StopPodSandbox" | "RemovePodSandbox" => {
+                    // All three requests are `{PodSandbox pod = 1}`.
+                    match api::RunPodSandboxRequest::decode(payload) {
+                        Ok(req) => req.pod.map(|p| (pod_method_name(method), p)),
+                        Err(_) => None, // answered (an error) by handle
+                    }
+                }
+                "StateChange" => api::StateChangeEvent::decode(payload)
+                    .ok()
+                    .and_then(|e| match e.event() {
+                        api::Event::RunPodSandbox => e.pod.map(|p| ("RunPodSandbox", p)),
+                        api::Event::StopPodSandbox => e.pod.map(|p| ("StopPodSandbox", p)),
+                        api::Event::RemovePodSandbox => e.pod.map(|p| ("RemovePodSandbox", p)),
+                        _ => None,
+                    }),
+                _ => None,
+            };
+            if let (Some((m, pod)), Some(hook)) = (pod_method, &self.network) {
+                return Some(PodJob {
+                    hook: hook.clone(),
+                    method: m,
+                    facts: PodFacts::from_nri(&pod),
+                });
+            }
+        }
+        None
     }
 
     /// Attaches DRA-prepared VFs at RunPodSandbox and releases them at
     /// StopPodSandbox/RemovePodSandbox through `hook`.
     pub fn with_network(mut self, hook: Box<dyn PodNetworkHook>) -> Self {
-        self.network = Some(hook);
+        self.network = Some(Arc::from(hook));
         self
     }
 
@@ -263,7 +372,13 @@ impl<R: MemlockRequests> Handler<R> {
 
     fn configure(&self, payload: &[u8]) -> Handled {
         let (runtime_name, runtime_version) = match api::ConfigureRequest::decode(payload) {
-            Ok(req) => (req.runtime_name, req.runtime_version),
+            Ok(req) => {
+                self.request_timeout_ms.store(
+                    u64::try_from(req.request_timeout).unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+                (req.runtime_name, req.runtime_version)
+            }
             Err(err) => {
                 // Nothing in it is needed to subscribe; carry on.
                 tracing::warn!(error = %err, "undecodable Configure request; subscribing anyway");
@@ -273,6 +388,7 @@ impl<R: MemlockRequests> Handler<R> {
         tracing::info!(
             runtime = %runtime_name,
             version = %runtime_version,
+            request_timeout_ms = self.request_timeout_ms.load(Ordering::Relaxed),
             dra_network = self.network.is_some(),
             "configured; subscribing to CreateContainer{}",
             if self.network.is_some() {
@@ -300,11 +416,8 @@ impl<R: MemlockRequests> Handler<R> {
         }
     }
 
-    /// A pod lifecycle event for the network step. RunPodSandbox fails
-    /// (the runtime then fails the sandbox) when a requested VF cannot be
-    /// attached: a pod without the network its claim asked for is worse
-    /// than a retried one. Stop/Remove never fail: what is left is logged
-    /// and retried at the next event.
+    /// A pod lifecycle event for the network step, run here (see
+    /// [`PodJob::run`]); the session runs them off its read loop instead.
     fn pod_event(&self, method: &str, pod: Option<&api::PodSandbox>) -> Reply {
         let Some(net) = &self.network else {
             return Reply::Ok(Vec::new());
@@ -316,25 +429,13 @@ impl<R: MemlockRequests> Handler<R> {
             );
             return Reply::Ok(Vec::new());
         };
-        let facts = PodFacts::from_nri(pod);
-        if method == "RunPodSandbox" {
-            match net.attach(&facts) {
-                Ok(0) => Reply::Ok(Vec::new()),
-                Ok(n) => {
-                    tracing::info!(pod = %format!("{}/{}", facts.namespace, facts.name), attached = n, "VFs attached");
-                    Reply::Ok(Vec::new())
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "network attachment failed; the sandbox fails");
-                    Reply::error(code::INTERNAL, e)
-                }
-            }
-        } else {
-            for e in net.release(&facts) {
-                tracing::warn!(method, sandbox = %facts.sandbox_id, error = %e, "VF not released (retried at the next pod event)");
-            }
-            Reply::Ok(Vec::new())
+        PodJob {
+            hook: net.clone(),
+            method: pod_method_name(method),
+            facts: PodFacts::from_nri(pod),
         }
+        .run()
+        .0
     }
 
     /// The adjustment for a container being created. Never fails.
@@ -440,6 +541,14 @@ impl<R: MemlockRequests> Handler<R> {
             ),
         }
         decision
+    }
+}
+
+fn pod_method_name(method: &str) -> &'static str {
+    match method {
+        "RunPodSandbox" => "RunPodSandbox",
+        "StopPodSandbox" => "StopPodSandbox",
+        _ => "RemovePodSandbox",
     }
 }
 
@@ -780,6 +889,54 @@ mod tests {
         )
         .unwrap();
         assert_eq!(resp.events, SUBSCRIBED_EVENTS);
+    }
+
+    #[test]
+    fn pod_events_become_jobs_for_the_session_and_nothing_else_does() {
+        let net = std::sync::Arc::new(RecordingNetwork::default());
+        let h = handler().with_network(Box::new(net.clone()));
+        let cfg = api::ConfigureRequest {
+            request_timeout: 2000,
+            ..Default::default()
+        };
+        ok_payload(h.handle(PLUGIN_SERVICE, "Configure", &cfg.encode_to_vec()));
+        assert_eq!(
+            h.runtime_request_timeout(),
+            Some(std::time::Duration::from_secs(2))
+        );
+        let job = h
+            .pod_job(PLUGIN_SERVICE, "RunPodSandbox", &pod_request("p1"))
+            .unwrap();
+        assert!(job.is_attach());
+        assert_eq!(job.facts.uid, "p1");
+        let stop = h
+            .pod_job(PLUGIN_SERVICE, "StopPodSandbox", &pod_request("p1"))
+            .unwrap();
+        assert!(!stop.is_attach());
+        let ev = api::StateChangeEvent {
+            event: api::Event::RemovePodSandbox as i32,
+            pod: Some(api::PodSandbox::default()),
+            container: None,
+        };
+        let removed = h
+            .pod_job(PLUGIN_SERVICE, "StateChange", &ev.encode_to_vec())
+            .unwrap();
+        assert_eq!(removed.method(), "RemovePodSandbox");
+        // Nothing ran yet: the session runs them.
+        assert!(net.calls.lock().unwrap().is_empty());
+        assert_eq!(job.run(), (Reply::Ok(Vec::new()), 1));
+        // Memlock answers, undecodable requests and a plugin without the
+        // network step are answered by `handle`, inline.
+        assert!(h.pod_job(PLUGIN_SERVICE, "CreateContainer", &[]).is_none());
+        assert!(
+            h.pod_job(PLUGIN_SERVICE, "RunPodSandbox", b"\xff")
+                .is_none()
+        );
+        assert!(
+            handler()
+                .pod_job(PLUGIN_SERVICE, "RunPodSandbox", &pod_request("p1"))
+                .is_none()
+        );
     }
 
     #[test]

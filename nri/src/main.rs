@@ -73,6 +73,15 @@ struct Cli {
     #[arg(long, env = "KROCE_DRA_NETWORK", default_value_t = true, action = clap::ArgAction::Set)]
     dra_network: bool,
 
+    /// Longest a RunPodSandbox attach (or a release) may take, in ms, before
+    /// the runtime is answered: an attach not done by then fails its sandbox
+    /// (and is rolled back when it completes). Keep it below the runtime's
+    /// NRI request timeout (containerd's plugin_request_timeout, default 2 s);
+    /// it is also capped at 3/4 of the timeout the runtime announces.
+    /// CreateContainer (memlock) answers never wait for an attach.
+    #[arg(long, env = "KROCE_NRI_ATTACH_DEADLINE_MS", default_value_t = 1500, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    attach_deadline_ms: u64,
+
     /// Where IPAM plugins are for DRA attachments (CNI_PATH, ':'-separated).
     #[arg(long, env = "KROCE_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
     cni_bin_dir: String,
@@ -154,7 +163,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Duration::from_secs(cli.registration_timeout),
     )
     .context("invalid --plugin-name/--plugin-index")?
-    .with_proc_root(&cli.proc_root);
+    .with_proc_root(&cli.proc_root)
+    .with_attach_deadline(Duration::from_millis(cli.attach_deadline_ms));
     let backoff = Backoff {
         initial: Duration::from_millis(500),
         max: Duration::from_secs(cli.max_backoff.max(1)),
@@ -183,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         proc_root = %cli.proc_root.display(),
         default_memlock = %cli.default_memlock,
         dra_network = cli.dra_network,
+        attach_deadline_ms = cli.attach_deadline_ms,
         name = options.name(),
         index = options.index(),
         "starting"

@@ -6,17 +6,20 @@
 //! *server* of its own Plugin service on mux conn 1 (the runtime sends
 //! `Configure`, `Synchronize`, `CreateContainer`, ... there).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::cni_requests::MemlockRequests;
-use crate::handler::{Handler, Notice};
+use crate::handler::{Handler, Notice, PodJob};
 use crate::mux::{self, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use crate::proto::{RUNTIME_SERVICE, api, envelope};
 use crate::ttrpc::{self, Decoded, Reply, TtrpcError, code};
@@ -28,6 +31,11 @@ pub const NRI_VERSION: &str = concat!("kroce-nri/", env!("CARGO_PKG_VERSION"));
 
 /// Stream ID of our one request (RegisterPlugin): client streams are odd.
 const REGISTER_STREAM: u32 = 1;
+
+/// How long a pod's network work may take before its answer goes out
+/// anyway: below containerd's default NRI `plugin_request_timeout` (2 s),
+/// so a slow attach fails its own sandbox instead of timing out the plugin.
+pub const DEFAULT_ATTACH_DEADLINE: Duration = Duration::from_millis(1500);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionsError {
@@ -45,6 +53,8 @@ pub struct SessionOptions {
     registration_timeout: Duration,
     /// Where the runtime's `/proc/<pid>` is read (see [`crate::runtime`]).
     proc_root: PathBuf,
+    /// Longest wait for a pod's attach or release before answering.
+    attach_deadline: Duration,
 }
 
 impl SessionOptions {
@@ -69,7 +79,20 @@ impl SessionOptions {
             index: index.to_owned(),
             registration_timeout,
             proc_root: PathBuf::from(crate::runtime::DEFAULT_PROC_ROOT),
+            attach_deadline: DEFAULT_ATTACH_DEADLINE,
         })
+    }
+
+    /// The longest a RunPodSandbox attach (or a release) may take before the
+    /// runtime is answered; also capped at 3/4 of the request timeout the
+    /// runtime announces in Configure.
+    pub fn with_attach_deadline(mut self, deadline: Duration) -> Self {
+        self.attach_deadline = deadline;
+        self
+    }
+
+    pub fn attach_deadline(&self) -> Duration {
+        self.attach_deadline
     }
 
     /// Reads the runtime's `/proc/<pid>` under `proc_root` instead of `/proc`.
@@ -212,16 +235,29 @@ where
     let mut plugin_conn = ttrpc::Decoder::new();
     let mut runtime_conn = ttrpc::Decoder::new();
     let mut buf = vec![0u8; 64 * 1024];
+    // Pods' network work in flight: each answers when it is done (or at its
+    // deadline); meanwhile every other request is read and answered.
+    let mut inflight: JoinSet<(u32, Reply)> = JoinSet::new();
+    let sandboxes = SandboxLocks::default();
 
     loop {
-        let n = if *registered {
-            reader.read(&mut buf).await?
-        } else {
-            tokio::select! {
-                read = reader.read(&mut buf) => read?,
-                () = tokio::time::sleep_until(deadline) => {
-                    return Err(SessionError::RegistrationTimeout(options.registration_timeout));
+        let n = tokio::select! {
+            read = reader.read(&mut buf) => read?,
+            () = tokio::time::sleep_until(deadline), if !*registered => {
+                return Err(SessionError::RegistrationTimeout(options.registration_timeout));
+            }
+            Some(done) = inflight.join_next() => {
+                match done {
+                    Ok((stream_id, reply)) => {
+                        let frame = ttrpc::encode_response(stream_id, &reply)?;
+                        writer
+                            .write_all(&mux::encode(PLUGIN_SERVICE_CONN, &frame))
+                            .await?;
+                    }
+                    // Our tasks catch the work's panics; a cancelled one has no reply.
+                    Err(e) => tracing::error!(error = %e, "pod network task lost"),
                 }
+                continue;
             }
         };
         if n == 0 {
@@ -257,11 +293,184 @@ where
         }
 
         while let Some(item) = plugin_conn.next_message() {
+            let item = match take_pod_job(item, handler) {
+                Taken::Job(stream_id, job) => {
+                    let limit = effective_deadline(
+                        options.attach_deadline,
+                        handler.runtime_request_timeout(),
+                    );
+                    inflight.spawn(run_pod_job(stream_id, job, limit, sandboxes.clone()));
+                    continue;
+                }
+                Taken::Not(item) => item,
+            };
             if let Some((stream_id, reply)) = answer(item, handler, state) {
                 let frame = ttrpc::encode_response(stream_id, &reply)?;
                 writer
                     .write_all(&mux::encode(PLUGIN_SERVICE_CONN, &frame))
                     .await?;
+            }
+        }
+    }
+}
+
+enum Taken {
+    Job(u32, PodJob),
+    Not(Decoded),
+}
+
+/// A request that is a pod's network work, taken out to run on its own.
+fn take_pod_job<R: MemlockRequests>(item: Decoded, handler: &Handler<R>) -> Taken {
+    if handler.events() & crate::handler::NETWORK_EVENTS == 0 {
+        return Taken::Not(item);
+    }
+    let Decoded::Message { header, data } = &item else {
+        return Taken::Not(item);
+    };
+    if header.kind != ttrpc::TYPE_REQUEST {
+        return Taken::Not(item);
+    }
+    let Ok(request) = envelope::Request::decode(data.as_slice()) else {
+        return Taken::Not(item);
+    };
+    match handler.pod_job(&request.service, &request.method, &request.payload) {
+        Some(job) => Taken::Job(header.stream_id, job),
+        None => Taken::Not(item),
+    }
+}
+
+/// The flag's deadline, kept below the runtime's own request timeout when
+/// it announced one (3/4 of it: the answer must also travel back).
+pub fn effective_deadline(flag: Duration, runtime_timeout: Option<Duration>) -> Duration {
+    match runtime_timeout {
+        Some(t) if !t.is_zero() => flag.min(t * 3 / 4),
+        _ => flag,
+    }
+}
+
+/// One lock per sandbox: its release waits for its attach (and the other
+/// way round), while different sandboxes proceed in parallel.
+#[derive(Debug, Default, Clone)]
+struct SandboxLocks(Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
+
+impl SandboxLocks {
+    fn of(&self, sandbox: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Forget sandboxes nobody works on any more.
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+        map.entry(sandbox.to_owned()).or_default().clone()
+    }
+}
+
+/// Whether the runtime gets the work's answer; decided once, under the
+/// lock, by whichever comes first: the work finishing or its task ending
+/// (the deadline, or the connection going away).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fate {
+    Pending,
+    Done(Reply),
+    /// Answered without the work: an attach that still succeeds is undone.
+    Abandoned,
+}
+
+type SharedFate = Arc<Mutex<Fate>>;
+
+fn lock_fate(f: &SharedFate) -> std::sync::MutexGuard<'_, Fate> {
+    f.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Marks the work abandoned if its task ends before the work did; gives
+/// the work's reply if it made it.
+struct Abandon(SharedFate);
+
+impl Abandon {
+    fn now(&self) -> Option<Reply> {
+        let mut fate = lock_fate(&self.0);
+        match &*fate {
+            Fate::Done(reply) => Some(reply.clone()),
+            _ => {
+                *fate = Fate::Abandoned;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        let mut fate = lock_fate(&self.0);
+        if *fate == Fate::Pending {
+            *fate = Fate::Abandoned;
+        }
+    }
+}
+
+/// Runs a pod's network work on a worker thread and answers within
+/// `deadline`: an attach not done by then fails its sandbox with a clear
+/// error (and is rolled back when it completes), a release is answered OK
+/// and goes on. Waiting for the sandbox's lock counts against the deadline.
+async fn run_pod_job(
+    stream_id: u32,
+    job: PodJob,
+    deadline: Duration,
+    locks: SandboxLocks,
+) -> (u32, Reply) {
+    let started = tokio::time::Instant::now();
+    let lock = locks.of(&job.facts.sandbox_id);
+    let fate: SharedFate = Arc::new(Mutex::new(Fate::Pending));
+    let abandon = Abandon(fate.clone());
+    let work = {
+        let job = job.clone();
+        async move {
+            let held = lock.lock_owned().await;
+            let done = tokio::task::spawn_blocking(move || {
+                let _held = held;
+                let (reply, attached) = job.run();
+                let mut f = lock_fate(&fate);
+                if *f == Fate::Abandoned {
+                    drop(f);
+                    if attached > 0 {
+                        job.roll_back();
+                    }
+                } else {
+                    *f = Fate::Done(reply);
+                }
+            })
+            .await;
+            if let Err(e) = done {
+                // A panic in the work: answered as an error, nothing to undo known.
+                tracing::error!(error = %e, "pod network work failed");
+            }
+        }
+    };
+    let finished = tokio::time::timeout_at(started + deadline, work)
+        .await
+        .is_ok();
+    match abandon.now() {
+        Some(reply) => (stream_id, reply),
+        None if finished => (
+            stream_id,
+            Reply::error(
+                code::INTERNAL,
+                "kroce-nri: pod network work failed (see the plugin's log)",
+            ),
+        ),
+        None => {
+            let facts = &job.facts;
+            let pod = format!("{}/{}", facts.namespace, facts.name);
+            if job.is_attach() {
+                tracing::error!(sandbox = %facts.sandbox_id, pod = %pod, deadline = ?deadline, "network attachment did not finish in time; the sandbox fails and the attachment is rolled back when it completes");
+                let message = format!(
+                    "kroce-nri: attaching the DRA network of sandbox {} ({pod}) did not finish within {deadline:?} (kept below the runtime's NRI request timeout); the sandbox fails and the attachment is rolled back when it completes",
+                    facts.sandbox_id
+                );
+                (stream_id, Reply::error(code::DEADLINE_EXCEEDED, message))
+            } else {
+                tracing::warn!(sandbox = %facts.sandbox_id, pod = %pod, method = job.method(), deadline = ?deadline, "VF release did not finish in time; answered, and it goes on");
+                (stream_id, Reply::Ok(Vec::new()))
             }
         }
     }

@@ -17,6 +17,10 @@ pub const MELLANOX: u16 = 0x15b3;
 pub const CX6DX_PF: u16 = 0x101d;
 pub const CX6DX_VF: u16 = 0x101e;
 pub const ETHERNET_CLASS: u32 = 0x020000;
+pub const INTEL: u16 = 0x8086;
+/// Intel 82576 (`igb`), the NIC QEMU's `igb` device emulates, and its VF (`igbvf`).
+pub const I82576_PF: u16 = 0x10c9;
+pub const I82576_VF: u16 = 0x10ca;
 
 /// Which link layer the RDMA ports report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,8 @@ pub struct PfSpec {
     pub pf_device: u16,
     pub vf_device: u16,
     pub driver: String,
+    /// The VFs' driver (`mlx5_core` binds both; Intel's VFs have `igbvf`).
+    pub vf_driver: String,
     pub total_vfs: u32,
     pub num_vfs: u32,
     /// Give the PF and each VF an `mlx5_N` RDMA device with char devices.
@@ -44,6 +50,8 @@ pub struct PfSpec {
     pub link_layer: LinkLayer,
     /// First VF's function offset from the PF (ConnectX dual-port cards: 2).
     pub vf_offset: u32,
+    /// Routing-ID distance between VFs (`sriov_stride`).
+    pub vf_stride: u32,
     pub mtu: u32,
     pub rate: String,
 }
@@ -64,13 +72,35 @@ impl PfSpec {
             pf_device: CX6DX_PF,
             vf_device: CX6DX_VF,
             driver: "mlx5_core".into(),
+            vf_driver: "mlx5_core".into(),
             total_vfs: 127,
             num_vfs,
             rdma: true,
             link_layer: LinkLayer::Ethernet,
             vf_offset: 2,
+            vf_stride: 1,
             mtu: 9000,
             rate: "100 Gb/sec (2X HDR)".into(),
+        }
+    }
+
+    /// An Intel 82576 port as QEMU's `igb` emulates it: up to 8 VFs at
+    /// offset 0x80, stride 2, bound to `igbvf`, no RDMA device of their own
+    /// (an rxe on a VF netdev gives them one: [`FixtureHost::add_rxe_on_vf`]).
+    pub fn igb(address: &str, ifname: &str, numa: Option<u32>, num_vfs: u32) -> PfSpec {
+        PfSpec {
+            vendor: INTEL,
+            pf_device: I82576_PF,
+            vf_device: I82576_VF,
+            driver: "igb".into(),
+            vf_driver: "igbvf".into(),
+            total_vfs: 8,
+            rdma: false,
+            vf_offset: 0x80,
+            vf_stride: 2,
+            mtu: 1500,
+            rate: String::new(),
+            ..PfSpec::connectx6dx(address, ifname, numa, num_vfs)
         }
     }
 }
@@ -145,7 +175,11 @@ fn mac_for(addr: &PciAddress) -> String {
 }
 
 fn vf_address(pf: &PciAddress, offset: u32, index: u32) -> PciAddress {
-    let f = u32::from(pf.device) * 8 + u32::from(pf.function) + offset + index;
+    vf_address_strided(pf, offset, 1, index)
+}
+
+fn vf_address_strided(pf: &PciAddress, offset: u32, stride: u32, index: u32) -> PciAddress {
+    let f = u32::from(pf.device) * 8 + u32::from(pf.function) + offset + index * stride;
     PciAddress::new(pf.domain, pf.bus, ((f / 8) & 0x1f) as u8, (f % 8) as u8)
 }
 
@@ -352,6 +386,7 @@ impl FixtureHost {
         addr: &PciAddress,
         spec: &PfSpec,
         device: u16,
+        driver: &str,
         irqs: u32,
     ) -> io::Result<PathBuf> {
         let dir = self.device_dir(addr);
@@ -385,7 +420,7 @@ impl FixtureHost {
             &dir.join("local_cpulist"),
             &format!("{}\n", spec.local_cpus),
         )?;
-        let drv = self.sys().join("bus/pci/drivers").join(&spec.driver);
+        let drv = self.sys().join("bus/pci/drivers").join(driver);
         mkdir(&drv)?;
         rel_symlink(&drv, &dir.join("driver"))?;
         rel_symlink(
@@ -441,8 +476,15 @@ impl FixtureHost {
         let guid = node_guid(mac);
         write(&ib.join("node_guid"), &format!("{guid}\n"))?;
         write(&ib.join("sys_image_guid"), &format!("{guid}\n"))?;
-        write(&ib.join("fw_ver"), "22.39.1002\n")?;
-        write(&ib.join("hca_type"), "MT4125\n")?;
+        if pci {
+            write(&ib.join("fw_ver"), "22.39.1002\n")?;
+            write(&ib.join("hca_type"), "MT4125\n")?;
+        } else {
+            // ib_core's fw_ver is empty without a driver hook (rxe has none),
+            // and hca_type is mlx5's own attribute.
+            write(&ib.join("fw_ver"), "\n")?;
+            write(&ib.join("node_desc"), &format!("{name}\n"))?;
+        }
         let port = ib.join("ports/1");
         write(&port.join("state"), "4: ACTIVE\n")?;
         write(&port.join("phys_state"), "5: LinkUp\n")?;
@@ -525,14 +567,14 @@ impl FixtureHost {
     /// `sriov_numvfs`).
     pub fn add_pf(&mut self, spec: PfSpec) -> io::Result<()> {
         let addr = spec.address;
-        let dir = self.add_function(&addr, &spec, spec.pf_device, 8)?;
+        let dir = self.add_function(&addr, &spec, spec.pf_device, &spec.driver, 8)?;
         write(
             &dir.join("sriov_totalvfs"),
             &format!("{}\n", spec.total_vfs),
         )?;
         write(&dir.join("sriov_numvfs"), "0\n")?;
         write(&dir.join("sriov_offset"), &format!("{}\n", spec.vf_offset))?;
-        write(&dir.join("sriov_stride"), "1\n")?;
+        write(&dir.join("sriov_stride"), &format!("{}\n", spec.vf_stride))?;
         let mac = mac_for(&addr);
         self.add_pci_netdev(&dir, &spec.ifname, &mac, spec.mtu)?;
         if spec.rdma {
@@ -582,8 +624,8 @@ impl FixtureHost {
     }
 
     fn add_vf(&mut self, pf: &PciAddress, spec: &PfSpec, index: u32) -> io::Result<()> {
-        let vf = vf_address(pf, spec.vf_offset, index);
-        let dir = self.add_function(&vf, spec, spec.vf_device, 3)?;
+        let vf = vf_address_strided(pf, spec.vf_offset, spec.vf_stride, index);
+        let dir = self.add_function(&vf, spec, spec.vf_device, &spec.vf_driver, 3)?;
         let pf_dir = self.device_dir(pf);
         rel_symlink(&pf_dir, &dir.join("physfn"))?;
         rel_symlink(&dir, &pf_dir.join(format!("virtfn{index}")))?;
@@ -608,7 +650,7 @@ impl FixtureHost {
     }
 
     fn remove_vf(&mut self, pf: &PciAddress, spec: &PfSpec, index: u32) -> io::Result<()> {
-        let vf = vf_address(pf, spec.vf_offset, index);
+        let vf = vf_address_strided(pf, spec.vf_offset, spec.vf_stride, index);
         let dir = self.device_dir(&vf);
         self.remove_function_links(&dir)?;
         remove_path(&self.device_dir(pf).join(format!("virtfn{index}")))?;
@@ -676,6 +718,33 @@ impl FixtureHost {
                 pci: false,
             },
         )
+    }
+
+    /// An rxe created on VF `index` of `pf` (`rdma link add <name> type rxe
+    /// netdev <VF netdev>`), laid out as the kernel does: under
+    /// `sys/devices/virtual/infiniband/<name>` with no `device` link, its
+    /// netdev named in `parent` (rxe's own attribute), `node_type` `1: CA`,
+    /// one Ethernet port whose GIDs 0/1 are the netdev's link-local address
+    /// (RoCE v1, RoCE v2) with `gid_attrs/ndevs` naming the netdev, and
+    /// uverbs/umad under `devices/virtual` too (ib_uverbs and ib_umad parent
+    /// their char devices to the RDMA device's parent, which rxe has none
+    /// of). Returns the VF netdev's name.
+    pub fn add_rxe_on_vf(&mut self, name: &str, pf: &PciAddress, index: u32) -> io::Result<String> {
+        let vf = self.vf_address(pf, index)?;
+        let net = self.device_dir(&vf).join("net");
+        let ifname = std::fs::read_dir(&net)
+            .map_err(|e| io_ctx(&net, e))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .next()
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("VF {vf} has no netdev under {}", net.display()),
+                )
+            })?;
+        self.add_rxe(name, &ifname)?;
+        Ok(ifname)
     }
 
     /// Adds the IPv4 GIDs (RoCE v1 at `index`, RoCE v2 at `index + 1`) the
@@ -785,7 +854,12 @@ impl FixtureHost {
     /// The VF address for `index` on `pf` (per its spec's offset).
     pub fn vf_address(&self, pf: &PciAddress, index: u32) -> io::Result<PciAddress> {
         let spec = self.spec(pf)?;
-        Ok(vf_address(pf, spec.vf_offset, index))
+        Ok(vf_address_strided(
+            pf,
+            spec.vf_offset,
+            spec.vf_stride,
+            index,
+        ))
     }
 }
 

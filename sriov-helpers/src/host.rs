@@ -39,6 +39,8 @@ fn is_network_class(class: u32) -> bool {
 }
 
 impl Host {
+    /// Reads the whole host. A soft RDMA device (rxe) whose parent netdev
+    /// sits on a VF is that VF's RDMA device (`pci` set, `soft` still true).
     pub fn scan(root: &HostRoot) -> Host {
         Host::scan_with(root, ScanOptions::default())
     }
@@ -74,6 +76,7 @@ impl Host {
         host.errors.extend(netdev_errors);
         host.rdma = rdma;
         host.errors.extend(rdma_errors);
+        host.attach_soft_rdma_to_vfs();
         let (numa, numa_errors) = read_numa_nodes(root);
         host.numa = numa;
         host.errors.extend(numa_errors);
@@ -106,6 +109,33 @@ impl Host {
         }
     }
 
+    /// A soft RDMA device (rxe) created on a VF's netdev belongs to that VF.
+    /// The kernel gives such a device no `device` link (it lives under
+    /// `devices/virtual/infiniband`); only its `parent` file names the netdev,
+    /// whose own `device` link is the VF. Over a netdev that is not a VF (a
+    /// veth, a PF, a NIC without SR-IOV) it stays a soft device, and so it
+    /// does on a VF that has a hardware RDMA device of its own (that one is
+    /// the VF's).
+    fn attach_soft_rdma_to_vfs(&mut self) {
+        let with_hw: std::collections::BTreeSet<PciAddress> = self
+            .rdma
+            .values()
+            .filter(|r| !r.soft)
+            .filter_map(|r| r.pci)
+            .collect();
+        for r in self.rdma.values_mut().filter(|r| r.soft && r.pci.is_none()) {
+            let vf = r
+                .parent_netdev
+                .as_deref()
+                .and_then(|n| self.netdevs.get(n))
+                .and_then(|n| n.pci)
+                .filter(|a| self.pci.get(a).is_some_and(PciDevice::is_vf));
+            if let Some(vf) = vf.filter(|a| !with_hw.contains(a)) {
+                r.pci = Some(vf);
+            }
+        }
+    }
+
     pub fn pfs(&self) -> impl Iterator<Item = &PciDevice> {
         self.pci.values().filter(|d| d.is_pf())
     }
@@ -122,7 +152,8 @@ impl Host {
             .map(String::as_str)
     }
 
-    /// The RDMA device on a PCI function.
+    /// The RDMA device of a PCI function: its own, or a soft device on a
+    /// VF's netdev (see [`Host::scan`]).
     pub fn rdma_of_pci(&self, addr: &PciAddress) -> Option<&RdmaDevice> {
         self.rdma.values().find(|r| r.pci.as_ref() == Some(addr))
     }

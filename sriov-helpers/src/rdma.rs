@@ -18,8 +18,12 @@ pub const IB_MAJOR: u32 = 231;
 #[serde(rename_all = "camelCase")]
 pub struct RdmaDevice {
     pub name: String,
-    /// The PCI function it sits on; `None` for soft devices.
+    /// The PCI function it belongs to: its `device` link, or, for a soft
+    /// device created on a VF's netdev, that VF (filled by [`crate::Host::scan`],
+    /// see there). `None` for a soft device on any other netdev.
     pub pci: Option<PciAddress>,
+    /// A soft device (rxe, siw): no `device` link, its netdev named in `parent`.
+    pub soft: bool,
     /// For soft devices, the netdev named in `parent`.
     pub parent_netdev: Option<String>,
     pub node_type: Option<String>,
@@ -267,10 +271,9 @@ fn read_rdma_device_in(
     name: &str,
     chars: &CharDeviceIndex,
 ) -> Result<RdmaDevice, HostError> {
-    let pci = match dir.link_name("device")? {
-        Some(t) => t.parse::<PciAddress>().ok(),
-        None => None,
-    };
+    let device = dir.link_name("device")?;
+    let soft = device.is_none();
+    let pci = device.and_then(|t| t.parse::<PciAddress>().ok());
     // Soft devices live under devices/virtual and name their netdev in `parent`.
     let parent_netdev = dir.read_optional("parent")?;
     let node_type = dir.read_optional("node_type")?;
@@ -287,6 +290,7 @@ fn read_rdma_device_in(
     Ok(RdmaDevice {
         name: name.to_string(),
         pci,
+        soft,
         parent_netdev,
         node_type,
         ports,

@@ -312,3 +312,118 @@ fn one_vf_read_alone_finds_its_index_on_the_pf() {
     assert_eq!(vf.netdevs, vec!["ens1f0v6"]);
     assert_eq!(vf.rdma_devices, vec!["mlx5_7"]);
 }
+
+/// A QEMU-igb-like host: PF `eth0` on NUMA 1 with two igbvf VFs, no RDMA
+/// device of their own; `rxe0` created on VF 1's netdev, `rxe1` on a veth.
+fn igb_with_rxe_on_a_vf() -> (FixtureHost, PciAddress, PciAddress, String) {
+    let mut fx = FixtureHost::new().unwrap();
+    fx.add_numa_node(0, "0-1").unwrap();
+    fx.add_numa_node(1, "2-3").unwrap();
+    fx.add_rdma_cm().unwrap();
+    let pf = addr("0000:01:00.0");
+    fx.add_pf(PfSpec::igb("0000:01:00.0", "eth0", Some(1), 2))
+        .unwrap();
+    let vf1 = fx.vf_address(&pf, 1).unwrap();
+    let netdev = fx.add_rxe_on_vf("rxe0", &pf, 1).unwrap();
+    fx.add_rxe("rxe1", "veth9").unwrap();
+    (fx, pf, vf1, netdev)
+}
+
+#[test]
+fn igb_fixture_has_the_real_vf_layout() {
+    let (fx, pf, vf1, netdev) = igb_with_rxe_on_a_vf();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    // Offset 0x80, stride 2: VF1 is 01:10.2, bound to igbvf.
+    assert_eq!(vf1, addr("0000:01:10.2"));
+    let vf = &host.pci[&vf1];
+    assert_eq!((vf.vendor, vf.device), (0x8086, 0x10ca));
+    assert_eq!(vf.driver.as_deref(), Some("igbvf"));
+    assert_eq!(vf.physfn.unwrap().pf, pf);
+    assert_eq!(vf.numa_node, Some(1));
+    assert_eq!(host.pci[&pf].driver.as_deref(), Some("igb"));
+    assert_eq!(vf.netdevs, vec![netdev.clone()]);
+    // As the kernel lays out an rxe: under devices/virtual, no `device`
+    // link, `parent` naming the VF netdev, whose `device` is the VF.
+    let class = fx.path().join("sys/class/infiniband/rxe0");
+    let canon = std::fs::canonicalize(&class).unwrap();
+    assert!(
+        canon.ends_with("sys/devices/virtual/infiniband/rxe0"),
+        "{}",
+        canon.display()
+    );
+    assert!(std::fs::symlink_metadata(class.join("device")).is_err());
+    assert_eq!(
+        std::fs::read_to_string(class.join("parent")).unwrap(),
+        format!("{netdev}\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string(class.join("node_type")).unwrap(),
+        "1: CA\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(class.join("ports/1/gid_attrs/types/1")).unwrap(),
+        "RoCE v2\n"
+    );
+    let uverbs = host.rdma["rxe0"].char_devices.uverbs.as_ref().unwrap();
+    let uverbs_dir = std::fs::canonicalize(
+        fx.path()
+            .join("sys/class/infiniband_verbs")
+            .join(&uverbs.name),
+    )
+    .unwrap();
+    assert!(
+        uverbs_dir
+            .starts_with(std::fs::canonicalize(fx.path().join("sys/devices/virtual")).unwrap()),
+        "{}",
+        uverbs_dir.display()
+    );
+}
+
+#[test]
+fn rxe_on_a_vf_netdev_is_that_vfs_rdma_device() {
+    let (fx, pf, vf1, netdev) = igb_with_rxe_on_a_vf();
+    // The kernel adds the IPv4 GIDs when the VF netdev gets an address.
+    fx.add_ipv4_gid("rxe0", 2, Ipv4Addr::new(10, 0, 0, 7), &netdev)
+        .unwrap();
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    let rxe = host.rdma_of_pci(&vf1).expect("VF 1 shows its rxe");
+    assert_eq!(rxe.name, "rxe0");
+    assert!(rxe.soft);
+    assert_eq!(rxe.parent_netdev.as_deref(), Some(netdev.as_str()));
+    assert_eq!(rxe.char_devices.uverbs.as_ref().unwrap().name, "uverbs0");
+    assert_eq!(rxe.char_devices.umad.len(), 1);
+    assert_eq!(
+        roce_v2_gid_index(rxe, &netdev).unwrap(),
+        Some((3, Ipv4Addr::new(10, 0, 0, 7)))
+    );
+    // VF 0 and the PF have none; the rxe on a veth stays a soft device.
+    assert!(host.rdma_of_pci(&fx.vf_address(&pf, 0).unwrap()).is_none());
+    assert!(host.rdma_of_pci(&pf).is_none());
+    let plain = &host.rdma["rxe1"];
+    assert!(plain.soft);
+    assert_eq!(plain.pci, None);
+    assert_eq!(host.rdma_of_netdev("veth9").unwrap().name, "rxe1");
+}
+
+#[test]
+fn rxe_on_a_pf_or_on_a_vf_with_its_own_rdma_device_stays_soft() {
+    let mut fx = FixtureHost::connectx6dx_pair().unwrap();
+    fx.add_pf(PfSpec::igb("0000:01:00.0", "eth0", Some(0), 1))
+        .unwrap();
+    fx.add_rxe("rxe_pf", "eth0").unwrap();
+    // A ConnectX VF has its own mlx5 device: that one stays the VF's.
+    let cx_vf = addr("0000:3b:00.2");
+    let cx_netdev = fx
+        .add_rxe_on_vf("rxe_cx", &addr("0000:3b:00.0"), 0)
+        .unwrap();
+    assert_eq!(cx_netdev, "ens1f0v0");
+    let host = Host::scan(&fx.root());
+    assert!(host.errors.is_empty(), "{:?}", host.errors);
+    assert_eq!(host.rdma["rxe_pf"].pci, None);
+    assert!(host.rdma_of_pci(&addr("0000:01:00.0")).is_none());
+    assert_eq!(host.rdma["rxe_cx"].pci, None);
+    let own = host.rdma_of_pci(&cx_vf).unwrap();
+    assert!(own.name.starts_with("mlx5_") && !own.soft, "{own:?}");
+}

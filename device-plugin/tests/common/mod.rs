@@ -51,6 +51,8 @@ pub struct Harness {
     /// The plugin's safety tick ([`RESCAN`] unless a test sets it).
     pub rescan: Duration,
     pub kernel_events: bool,
+    /// The plugin's own PodResources poll (the default unless a test sets it).
+    pub pod_resources_poll: Duration,
     /// The running plugin's work counters.
     pub counters: Arc<Counters>,
 }
@@ -110,6 +112,7 @@ impl Harness {
             kernel_events: self.kernel_events,
             counters: self.counters.clone(),
             pod_resources_socket: self.pod_resources_socket(),
+            pod_resources_poll: self.pod_resources_poll,
             allocation_grace: GRACE,
         }
     }
@@ -132,6 +135,7 @@ impl Harness {
             cdi,
             rescan: RESCAN,
             kernel_events: true,
+            pod_resources_poll: plugin::DEFAULT_POD_RESOURCES_POLL,
             counters: Arc::default(),
         };
         std::fs::create_dir_all(h.kubelet_dir()).unwrap();
