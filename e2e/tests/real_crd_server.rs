@@ -834,7 +834,9 @@ async fn watches_resume_from_a_resource_version_and_select_by_name() {
 async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() {
     use kroce_node_agent::apply::AgentConfig;
     use kroce_node_agent::dcb::FakeDcb;
+    use kroce_node_agent::holders::HolderSources;
     use kroce_node_agent::links::FixtureLinks;
+    use kroce_node_agent::pf_record::MemPfRecord;
     use kroce_node_agent::run::{AgentMetrics, HostEdges, RunConfig, run_with};
     use kroce_node_agent::vfs::FixtureKernel;
     use sriov_helpers::fixture::FixtureHost;
@@ -859,11 +861,21 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
         checks: None,
         checks_timeout: Duration::from_secs(60),
         heartbeat: Duration::from_secs(300),
+        // No kroce-cni claims nor DRA checkpoint on this fixture host.
+        holders: HolderSources {
+            cni_state_dir: path.join("var/lib/cni/kroce"),
+            dra_checkpoint: path.join("var/lib/kroce/dra/checkpoint.json"),
+            cni_state_required: false,
+        },
+        irq_recheck: Duration::from_secs(10),
+        progress_after: Duration::from_secs(2),
     };
     let edges = HostEdges {
         links: Arc::new(FixtureLinks::new(path.join("sys"))),
         vfs: Arc::new(FixtureKernel::new(host)),
         dcb: Arc::new(FakeDcb::default()),
+        record: Arc::new(MemPfRecord::default()),
+        pod_resources: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(run_with(
