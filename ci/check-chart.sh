@@ -62,6 +62,36 @@ check values-dra --dra --dra-shared
 render existing-test-ns --set operator.createTestNamespace=false --set operator.testNamespace=rdma-tests
 check existing-test-ns --existing-namespace rdma-tests
 
+# The RoCE alert rules (files/kroce-rules.yaml): a PrometheusRule only where
+# the Prometheus Operator serves the kind; the plain rules file (ConfigMap)
+# checked and unit-tested by the real promtool (Debian's prometheus package):
+# each alert fires on its series and stays silent on normal traffic
+# (ci/promtool/kroce-rules-test.yaml, default thresholds).
+render alerts --set alerts.enabled=true --set alerts.configMap=true \
+  --api-versions monitoring.coreos.com/v1/PrometheusRule
+render alerts-without-api --set alerts.enabled=true
+if grep -q "kind: PrometheusRule" "$out/alerts-without-api.yaml"; then
+  echo "PrometheusRule rendered without the monitoring.coreos.com/v1 API" >&2
+  fail=1
+fi
+grep -q "kind: PrometheusRule" "$out/alerts.yaml" || { echo "no PrometheusRule rendered" >&2; fail=1; }
+promtool=${PROMTOOL:-promtool}
+mkdir "$out/rules"
+python3 - "$out/alerts.yaml" "$out/rules" <<'PY' || fail=1
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and "kroce-rules.yaml" in d.get("data", {}))
+pr = next(d for d in docs if d["kind"] == "PrometheusRule")
+plain = yaml.safe_load(cm["data"]["kroce-rules.yaml"])
+# One copy: the PrometheusRule carries exactly the plain file's groups.
+if plain != pr["spec"]:
+    sys.exit("PrometheusRule spec and the plain rules file differ")
+open(sys.argv[2] + "/kroce-rules.yaml", "w").write(cm["data"]["kroce-rules.yaml"])
+PY
+cp "$repo/ci/promtool/kroce-rules-test.yaml" "$out/rules/"
+"$promtool" check rules "$out/rules/kroce-rules.yaml" || fail=1
+"$promtool" test rules "$out/rules/kroce-rules-test.yaml" || fail=1
+
 # kroce-cni refuses a network config naming a host path (issue 19): nothing
 # the chart renders (a NAD, a ConfigMap with a CNI config) may carry one.
 if grep -nE '"(hostRoot|sysfsRoot|procRoot|stateDir|logFile)"[[:space:]]*:' "$out"/*.yaml; then
@@ -106,6 +136,8 @@ expect_refused "perftest pods in the release namespace" "operator.testNamespace"
 expect_refused "perftest namespace not a DNS label" "/operator/testNamespace" --set operator.testNamespace=Tests_NS
 expect_refused "relative DRA state dir" "/dra/paths/stateDir" --set dra.paths.stateDir=var/lib/kroce/dra
 expect_refused "shared pool without selectors" "/dra/sharedPools/0" --set dra.sharedPools[0].resourceName=hca
+expect_refused "negative alert threshold" "/alerts/pauseStorm/framesPerSecond" --set alerts.pauseStorm.framesPerSecond=-1
+expect_refused "alert for not a duration" "/alerts/discards/for" --set alerts.discards.for=soon
 expect_refused "shared pool count 0" "/dra/sharedPools/0/sharedCount" \
   --set dra.sharedPools[0].resourceName=hca --set dra.sharedPools[0].sharedCount=0 \
   --set dra.sharedPools[0].selectors.vendors[0]=15b3

@@ -13,10 +13,11 @@ export DEBIAN_FRONTEND=noninteractive
 #   real peers); iproute2: netns tests; shellcheck: scripts;
 # podman + debootstrap: image build check; ibverbs-utils + ibverbs-providers
 #   + pciutils: real tools that must read our fixture hosts; runc +
-#   busybox-static: the real container runtime's OCI runtime and test image.
+#   busybox-static: the real container runtime's OCI runtime and test image;
+#   prometheus (2.42): promtool checks and unit-tests the chart's alert rules.
 packages=(containernetworking-plugins iproute2 procps util-linux mount
   shellcheck debootstrap ibverbs-utils ibverbs-providers pciutils
-  runc busybox-static)
+  runc busybox-static prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -4,7 +4,8 @@
 Built-in kinds are checked strictly against the Kubernetes OpenAPI schemas
 bundled in `kubernetes-validate`; kroce's own kinds against the
 openAPIV3Schema of the CRDs in charts/kroce/crds; a few third-party kinds
-(ServiceMonitor, NetworkAttachmentDefinition) against the fields we use.
+(ServiceMonitor, PrometheusRule, NetworkAttachmentDefinition) against the
+fields we use.
 Any other kind, or any violation, fails.
 
 Usage: validate_manifests.py [--k8s-version 1.37.0] FILE...
@@ -27,6 +28,22 @@ THIRD_PARTY = {
             "properties": {"endpoints": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "properties": {"port": {"type": "string"},
                                                   "interval": {"type": "string"}}}}}}},
+    },
+    # The Prometheus Operator's PrometheusRule, the fields it defines that we use.
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {"spec": {"type": "object", "additionalProperties": False,
+            "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["name", "rules"], "additionalProperties": False,
+                "properties": {"name": {"type": "string", "minLength": 1},
+                               "rules": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["alert", "expr"], "additionalProperties": False,
+                    "properties": {"alert": {"type": "string"}, "expr": {"type": "string"},
+                                   "for": {"type": "string", "pattern": "^(0|([0-9]+(ms|s|m|h))+)$"},
+                                   "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                   "annotations": {"type": "object",
+                                                   "additionalProperties": {"type": "string"}}}}}}}}}}},
     },
     ("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition"): {
         "type": "object",

@@ -27,6 +27,82 @@ pub const PORT_DISCARDS: &[&str] = &["port_xmit_discards", "port_rcv_errors"];
 /// `ethtool -S` (mlx5) PHY discard counters.
 pub const ETHTOOL_DISCARDS: &[&str] = &["rx_discards_phy", "tx_discards_phy"];
 
+/// Kernel counter names the chart's alert rules (charts/kroce/files/
+/// kroce-rules.yaml) rely on, per source. They are the sysfs/ethtool file
+/// names; [`exported_metric_names`] turns them into metric names with the
+/// same renderer `/metrics` uses, so the rules test breaks on a rename.
+pub const RULE_PORT_COUNTERS: &[&str] = &[
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_xmit_discards",
+    "port_xmit_data",
+    "port_rcv_data",
+];
+/// `hw_counters` (mlx5 names) the rules use.
+pub const RULE_HW_COUNTERS: &[&str] = &[
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "np_cnp_sent",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+];
+
+/// The one list of metric names (with `_total`) and label names that
+/// `/metrics` exports for the counters alert rules and dashboards may use:
+/// rendered from a snapshot holding every counter named above, so names
+/// come from [`render_prometheus`] itself.
+pub fn exported_metric_names() -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
+    let counters = |names: &[&str]| names.iter().map(|n| (n.to_string(), 1)).collect();
+    let mut pause = BTreeMap::new();
+    for direction in [Direction::Rx, Direction::Tx] {
+        for priority in [None, Some(3)] {
+            pause.insert(
+                PauseKey {
+                    direction,
+                    priority,
+                },
+                1,
+            );
+        }
+    }
+    let snap = CounterSnapshot {
+        node: "n".into(),
+        ports: vec![PortCounters {
+            device: "d".into(),
+            port: 1,
+            netdev: Some("e".into()),
+            counters: counters(RULE_PORT_COUNTERS),
+            hw_counters: counters(RULE_HW_COUNTERS),
+            netdev_stats: counters(NETDEV_DISCARDS),
+            pause,
+            phy_discards: counters(ETHTOOL_DISCARDS),
+        }],
+        ..Default::default()
+    };
+    let mut names = std::collections::BTreeSet::new();
+    let mut labels = std::collections::BTreeSet::new();
+    for line in render_prometheus(&snap).lines() {
+        let Some((name, rest)) = line.split_once('{') else {
+            continue;
+        };
+        names.insert(name.to_string());
+        let body = rest.rsplit_once('}').map_or(rest, |(b, _)| b);
+        for pair in body.split(',') {
+            if let Some((l, _)) = pair.split_once('=') {
+                labels.insert(l.to_string());
+            }
+        }
+    }
+    (names, labels)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
