@@ -599,7 +599,10 @@ mod tests {
     /// outside CI, a failure under `CI` (ci/setup.sh installs it there).
     fn skip_without_host_local() {
         let why = "needs /usr/lib/cni/host-local (containernetworking-plugins)";
-        assert!(std::env::var_os("CI").is_none(), "CI is set but the test {why}");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but the test {why}"
+        );
         println!("skipped: {why}");
     }
 

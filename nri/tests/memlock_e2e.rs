@@ -234,7 +234,10 @@ fn adjustment_turns_failing_mlock_into_succeeding_one() {
     if !geteuid().is_root() {
         let why = format!("needs root (setrlimit then setuid to {NOBODY}, as runc does)");
         // CI runs as root: a skip there would pass without testing anything.
-        assert!(std::env::var_os("CI").is_none(), "CI is set but the test {why}");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but the test {why}"
+        );
         eprintln!("SKIPPED: {why}");
         return;
     }
