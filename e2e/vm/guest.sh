@@ -98,7 +98,7 @@ echo "$during"
 ok=$(python3 -c '
 import sys
 s = sys.argv[1]
-want = ["\"vlan\": 100", "\"qos\": 3", "0a:55:c2:28:c8:90", "\"trust\" true", "\"spoofchk\" false", "\"max_tx\": 100"]
+want = ["\"vlan\": 100", "\"qos\": 3", "0a:55:c2:28:c8:90", "trust true", "spoofchk false", "\"max_tx\": 100"]
 miss = [w for w in want if w not in s]
 print(0 if not miss else 1, miss)' "$during")
 check cni-add-pf-side "${ok%% *}" "PF side after ADD (vlan 100 qos 3, MAC, trust on, spoofchk off, max_tx_rate 100); missing: ${ok#* }"
