@@ -66,9 +66,11 @@ cpu=max
 [ "$accel" = kvm ] && cpu=host
 echo "vm: kernel $release, accel $accel" >&2
 
-rm -f "$results"/{checks,guest.log,guest.rc,console.log}
+rm -f "$results"/{checks,guest.log,guest.rc,console.log,perftest-client.log,perftest-server.log}
+# A copy: bash reads a script as it runs, and an edit meanwhile breaks it.
+cp "$repo/e2e/vm/guest.sh" "$results/guest.sh"
 cat >"$results/env" <<ENV
-KROCE_VM_SCRIPT=$repo/e2e/vm/guest.sh
+KROCE_VM_SCRIPT=/mnt/results/guest.sh
 KROCE_REPO=$repo
 KROCE_BIN_DIR=$bin_dir
 KROCE_VM_MODULES=$KROCE_VM_MODULES

@@ -65,6 +65,8 @@ fn results() -> Option<(PathBuf, Option<tempfile::TempDir>)> {
 /// Checks the guest must have passed (more may be reported: all must pass).
 const REQUIRED: &[&str] = &[
     "igb-pf",
+    "agent-apply-vfs",
+    "agent-pf-irqs-numa-local",
     "vfs-created",
     "cni-add",
     "cni-add-in-pod",
@@ -76,6 +78,8 @@ const REQUIRED: &[&str] = &[
     "cni-refused-min-tx-rate",
     "cni-refused-link-state",
     "vf-mac-settable-after-refusals",
+    "dp-rxe-on-vf-is-the-vfs-rdma-device",
+    "perftest-runner",
     "guest-finished",
 ];
 
@@ -107,6 +111,31 @@ fn real_kernel_vm_tier() {
         .iter()
         .filter(|r| !passed.iter().any(|p| p == *r))
         .collect();
+    // (d): the admission runner's real ib_write_bw / ib_send_lat output,
+    // read by its parser and judged by its thresholds. Under TCG RDMA runs at
+    // emulation speed (~0.1 Gb/s, ~ms latency): the thresholds test the
+    // verdict path, not the speed.
+    let client = std::fs::read_to_string(dir.join("perftest-client.log")).unwrap_or_default();
+    let server = std::fs::read_to_string(dir.join("perftest-server.log")).ok();
+    let thresholds = kroce_admission::thresholds::AdmissionThresholds {
+        min_bandwidth_gbps: Some(0.001),
+        max_latency_us: Some(1_000_000.0),
+        ..Default::default()
+    };
+    let outcome = kroce_admission::pod_run::judge(
+        &client,
+        server.as_deref(),
+        kroce_admission::command::PerftestTool::IbWriteBw,
+        kroce_admission::command::PerftestTool::IbSendLat,
+        &thresholds,
+    );
+    println!(
+        "perftest verdict: passed {} ({}) {:?}",
+        outcome.passed, outcome.message, outcome.measurement
+    );
+    if !outcome.passed {
+        failed.push(format!("perftest verdict: {}", outcome.message));
+    }
     assert!(
         failed.is_empty() && missing.is_empty(),
         "real-kernel VM checks failed: {failed:#?}\nnot passed: {missing:?}\nguest log:\n{log}"

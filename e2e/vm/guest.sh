@@ -41,13 +41,63 @@ check igb-pf "$([ -n "$pf" ] && echo 0 || echo 1)" "PF $pf_pci netdev ${pf:-none
 [ -n "$pf" ] || exit 1
 ip link set "$pf" up
 
-# VFs: through the node agent when it can (item a), else sriov_numvfs.
-section "VFs"
-echo 2 >"/sys/bus/pci/devices/$pf_pci/sriov_numvfs"
-sleep 1
+# (a) VFs through the node agent: the real sriov_numvfs, NUMA-local IRQs.
+section "(a) kroce-node-agent apply"
+cat >/tmp/node-state.json <<JSON
+{"nodeName": "vm", "pfs": [{"pciAddress": "$pf_pci", "ifName": "$pf", "numVfs": 2, "mtu": 1500,
+  "vfGroups": [{"network": "vm-net", "resourceName": "kroce.io/vm", "vfRange": "0-1"}],
+  "irqAffinity": {"policy": "numaLocal"}}]}
+JSON
+"$bin/kroce-node-agent" apply --spec-file /tmp/node-state.json --vf-wait-seconds 60 >"$out/node-agent.json" 2>"$out/node-agent.err"
+rc=$?
+cat "$out/node-agent.json" "$out/node-agent.err"
+numvfs=$(cat "/sys/bus/pci/devices/$pf_pci/sriov_numvfs")
+[ "$numvfs" = 2 ] && [ "$rc" = 0 ]
+check agent-apply-vfs "$?" "apply exit $rc, sriov_numvfs $numvfs (0 -> 2 through the real sysfs)"
+if [ "$numvfs" != 2 ]; then
+  echo 0 >"/sys/bus/pci/devices/$pf_pci/sriov_numvfs"
+  echo 2 >"/sys/bus/pci/devices/$pf_pci/sriov_numvfs"
+fi
 vf_pci() { basename "$(readlink -f "/sys/bus/pci/devices/$pf_pci/virtfn$1")"; }
 vf_netdev() { ls "/sys/bus/pci/devices/$(vf_pci "$1")/net" 2>/dev/null | head -n 1; }
 for _ in $(seq 50); do [ -n "$(vf_netdev 1)" ] && break; sleep 0.2; done
+# IRQs of the PF and its VFs: pinned to NUMA node 1's CPUs (2-3)?
+irq_report() { # irq_report PCI: one "irq=affinity" per MSI-X vector, "irq=absent" when /proc/irq/N is not there
+  local f n
+  for f in /sys/bus/pci/devices/"$1"/msi_irqs/*; do
+    [ -e "$f" ] || continue
+    n=$(basename "$f")
+    if [ -f "/proc/irq/$n/smp_affinity_list" ]; then echo "$n=$(cat "/proc/irq/$n/smp_affinity_list")"; else echo "$n=absent"; fi
+  done | tr '\n' ' '
+}
+local_cpus=$(cat "/sys/bus/pci/devices/$pf_pci/local_cpulist")
+pf_irqs=$(irq_report "$pf_pci")
+echo "NUMA node 1 CPUs: $local_cpus; PF IRQs: $pf_irqs"
+# within CPULIST REPORT: every present IRQ's CPUs are in CPULIST.
+within() { python3 -c '
+import sys
+def cpus(l):
+    out = set()
+    for part in l.split(","):
+        a, _, b = part.partition("-")
+        out |= set(range(int(a), int(b or a) + 1))
+    return out
+ok = cpus(sys.argv[1])
+irqs = [i.split("=", 1)[1] for i in sys.argv[2].split()]
+sys.exit(0 if irqs and all(a == "absent" or cpus(a) <= ok for a in irqs) else 1)' "$1" "$2"; }
+within "$local_cpus" "$pf_irqs"
+check agent-pf-irqs-numa-local "$?" "PF IRQs on CPUs $local_cpus: $pf_irqs"
+vf_irqs="$(irq_report "$(vf_pci 0)")$(irq_report "$(vf_pci 1)")"
+echo "VF IRQs (VF netdevs down): $vf_irqs"
+if grep -q absent <<<"$vf_irqs"; then
+  # igbvf requests its MSI-X vectors only when the netdev opens: an agent
+  # run with the VFs down has nothing to pin (known, fixed elsewhere).
+  echo "KNOWN agent-vf-irqs-numa-local VF IRQs not requested while the VFs are down: $vf_irqs" | tee -a "$out/checks"
+else
+  within "$local_cpus" "$vf_irqs"
+  check agent-vf-irqs-numa-local "$?" "VF IRQs on CPUs $local_cpus: $vf_irqs"
+fi
+
 vf0=$(vf_pci 0) vf1=$(vf_pci 1)
 check vfs-created "$([ -n "$(vf_netdev 0)" ] && [ -n "$(vf_netdev 1)" ] && echo 0 || echo 1)" \
   "VF0 $vf0 $(vf_netdev 0), VF1 $vf1 $(vf_netdev 1), driver $(basename "$(readlink "/sys/bus/pci/devices/$vf0/driver")")"
@@ -86,12 +136,13 @@ res=$(cni ADD c-a pod-a net1 "$cfg"); rc=$?
 echo "$res"
 check cni-add "$rc" "ADD exit $rc"
 in_pod=$(ip netns exec pod-a ip -j addr show net1 2>/dev/null)
+[ -n "$in_pod" ] || in_pod='[{}]'
 echo "$in_pod"
 ok=$(python3 -c '
 import json, sys
 l = json.loads(sys.argv[1])[0]
 a = [i["local"] for i in l.get("addr_info", []) if i["family"] == "inet"]
-print(0 if l["mtu"] == 1400 and l["address"] == "0a:55:c2:28:c8:90" and a and a[0].startswith("10.56.0.") and "UP" in l["flags"] else 1)' "${in_pod:-[{}]}" 2>/dev/null || echo 1)
+print(0 if l["mtu"] == 1400 and l["address"] == "0a:55:c2:28:c8:90" and a and a[0].startswith("10.56.0.") and "UP" in l["flags"] else 1)' "$in_pod" 2>/dev/null || echo 1)
 check cni-add-in-pod "$ok" "net1 in the pod: MTU 1400, MAC, IP from host-local, up"
 during=$(pf_vf_state 0)
 echo "$during"
@@ -123,7 +174,7 @@ refusal() { # refusal NAME MEMBERS
   after=$(snapshot 0)
   [ "$rc" != 0 ] && [ "$before" = "$after" ]
   check "cni-refused-$1" "$?" "ADD refused (exit $rc) and PF, VF and claims as before"
-  [ "$before" = "$after" ] || diff <(echo "$before") <(echo "$after")
+  [ "$before" = "$after" ] || printf 'before:\n%s\nafter:\n%s\n' "$before" "$after"
   cni DEL c-r pod-r net1 "$cfg" >/dev/null
   ip netns delete pod-r
 }
@@ -135,5 +186,69 @@ refusal link-state '"link_state": "enable",'
 vfn=$(vf_netdev 0)
 ip link set "$vfn" address 0a:55:c2:28:c8:92 2>&1; rc=$?
 check vf-mac-settable-after-refusals "$rc" "VF netdev $vfn can set its own MAC (exit $rc)"
+# (b) The device plugin's view: an rxe on a VF netdev is that VF's RDMA device.
+section "(b) kroce-device-plugin discover"
+vfn1=$(vf_netdev 1)
+rdma link add rxe_vf1 type rxe netdev "$vfn1"
+rc=$?
+ls /sys/class/infiniband/ /dev/infiniband/ 2>&1 | tr '\n' ' '; echo
+"$bin/kroce-device-plugin" discover --json >"$out/discover.json" 2>"$out/discover.err"
+drc=$?
+cat "$out/discover.json" "$out/discover.err"
+python3 -c '
+import json, sys
+vf, rdma = sys.argv[2], sys.argv[3]
+def rows(x):
+    if isinstance(x, dict):
+        yield x
+        for v in x.values(): yield from rows(v)
+    elif isinstance(x, list):
+        for v in x: yield from rows(v)
+r = json.load(open(sys.argv[1]))
+hits = [x for x in rows(r) if vf in json.dumps(x) and rdma in json.dumps(x) and len(json.dumps(x)) < 4000]
+sys.exit(0 if hits else 1)' "$out/discover.json" "$(vf_pci 1)" rxe_vf1
+check dp-rxe-on-vf-is-the-vfs-rdma-device "$?" "rxe_vf1 (rdma link add exit $rc) on $vfn1 listed with VF $(vf_pci 1) (discover exit $drc)"
+rdma link delete rxe_vf1
+
+# (d) Two pods' VFs in two netns, soft-RoCE created in each pod netns after
+# the netdev moved (kernel 7.3, exclusive mode), perftest through the
+# admission runner; e2e/tests/vm.rs judges the logs with its parser and
+# thresholds.
+section "(d) ib_write_bw / ib_send_lat through kroce-perftest-run"
+rdma system set netns exclusive
+rdma system show
+ip netns add pod-a
+ip netns add pod-b
+cfg_a=$(net_config "$vf0" '"rdma": false,')
+cfg_b=$(net_config "$(vf_pci 1)" '"rdma": false,')
+cni ADD c-pa pod-a net1 "$cfg_a" >/dev/null; rc_a=$?
+cni ADD c-pb pod-b net1 "$cfg_b" >/dev/null; rc_b=$?
+ip_b=$(ip netns exec pod-b ip -4 -o addr show net1 | awk '{ split($4, a, "/"); print a[1] }')
+for p in a b; do
+  ip netns exec "pod-$p" rdma link add "rxe$p" type rxe netdev net1
+  rdma dev set "rxe$p" netns "pod-$p" 2>&1 || true
+done
+ip netns exec pod-a rdma dev; ip netns exec pod-b rdma dev
+runner_args=(--bw-tool ib_write_bw --lat-tool ib_send_lat --duration 3 --qps 1 --size 65536
+  --iterations 200 --gid-wait 30 --connect-wait 60)
+ip netns exec pod-b "$bin/kroce-perftest-run" server --device rxeb "${runner_args[@]}" \
+  >"$out/perftest-server.log" 2>&1 &
+server=$!
+ip netns exec pod-a "$bin/kroce-perftest-run" client --server-ip "$ip_b" --device rxea "${runner_args[@]}" \
+  >"$out/perftest-client.log" 2>&1
+rc=$?
+wait "$server"
+src=$?
+cat "$out/perftest-client.log" "$out/perftest-server.log"
+[ "$rc_a" = 0 ] && [ "$rc_b" = 0 ] && [ "$rc" = 0 ] && [ "$src" = 0 ]
+check perftest-runner "$?" "ADD exits $rc_a/$rc_b, client exit $rc, server exit $src (logs: perftest-*.log)"
+for p in a b; do
+  ip netns exec "pod-$p" rdma link delete "rxe$p" 2>/dev/null
+done
+cni DEL c-pa pod-a net1 "$cfg_a" >/dev/null
+cni DEL c-pb pod-b net1 "$cfg_b" >/dev/null
+ip netns delete pod-a
+ip netns delete pod-b
+
 section "end"
 echo "PASS guest-finished" >>"$out/checks"

@@ -195,14 +195,15 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                 Err(e) => errors.push(e.to_string()),
             }
         }
-        if mac_cleared && was_admin {
-            if let Err(e) = b.vf.set(
+        if mac_cleared
+            && was_admin
+            && let Err(e) = b.vf.set(
                 &v.pf_ifname,
                 v.vf_index,
                 &VfSetting::Mac { mac: orig_vf.mac },
-            ) {
-                errors.push(e.to_string());
-            }
+            )
+        {
+            errors.push(e.to_string());
         }
     }
     errors
