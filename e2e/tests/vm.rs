@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The real-kernel tier: the shipped binaries (`KROCE_BIN_DIR`) inside a
 //! QEMU VM running Debian's Linux 7.3 with an emulated igb (82576) SR-IOV PF
 //! on NUMA node 1, real igbvf VFs and soft-RoCE (`ci/vm.sh` boots it,

@@ -21,11 +21,12 @@ section() { printf "\n===== %s (at %s s)\n" "$*" "$SECONDS"; }
 
 section "kernel $(uname -r), accel ${KROCE_VM_ACCEL:-?}"
 # No /lib/modules for this kernel on the host's /: load from the unpacked
-# tree, also for the kernel's own on-demand loads (rxe needs crc32).
+# tree, also for the kernel's own on-demand loads (rxe needs crc32). No udev
+# here: ib_uverbs/ib_umad/rdma_ucm (what udev loads for an RDMA device) by hand.
 printf '#!/bin/sh\nexec /sbin/modprobe -d %s "$@"\n' "$KROCE_VM_MODULES" >/tmp/modprobe
 chmod +x /tmp/modprobe
 echo /tmp/modprobe >/proc/sys/kernel/modprobe
-for m in igb igbvf rdma_rxe; do /tmp/modprobe "$m" || echo "modprobe $m failed"; done
+for m in igb igbvf rdma_rxe ib_uverbs ib_umad rdma_ucm; do /tmp/modprobe "$m" || echo "modprobe $m failed"; done
 ip link set lo up
 
 pf_pci=
@@ -198,15 +199,9 @@ cat "$out/discover.json" "$out/discover.err"
 python3 -c '
 import json, sys
 vf, rdma = sys.argv[2], sys.argv[3]
-def rows(x):
-    if isinstance(x, dict):
-        yield x
-        for v in x.values(): yield from rows(v)
-    elif isinstance(x, list):
-        for v in x: yield from rows(v)
-r = json.load(open(sys.argv[1]))
-hits = [x for x in rows(r) if vf in json.dumps(x) and rdma in json.dumps(x) and len(json.dumps(x)) < 4000]
-sys.exit(0 if hits else 1)' "$out/discover.json" "$(vf_pci 1)" rxe_vf1
+rows = [d["device"] for d in json.load(open(sys.argv[1]))["devices"] if d["device"].get("pci") == vf]
+print("VF row:", json.dumps(rows))
+sys.exit(0 if rows and rdma in json.dumps(rows[0].get("rdma")) else 1)' "$out/discover.json" "$(vf_pci 1)" rxe_vf1
 check dp-rxe-on-vf-is-the-vfs-rdma-device "$?" "rxe_vf1 (rdma link add exit $rc) on $vfn1 listed with VF $(vf_pci 1) (discover exit $drc)"
 rdma link delete rxe_vf1
 

@@ -297,6 +297,14 @@ fn restore_netdev(
     if let Some(mac) = orig.mac
         && (link.mac != Some(mac) || force_mac)
     {
+        // The kernel skips an unchanged address, and igb records a VF's MAC
+        // only when the VF changes it: a moment on a neighbour address
+        // (last bit flipped: still unicast, same administration bit) first.
+        if link.mac == Some(mac) {
+            let mut other = mac;
+            other.0[5] ^= 1;
+            fix(host.set_mac(link.index, &other));
+        }
         fix(host.set_mac(link.index, &mac));
     }
     if link.mtu != orig.mtu {

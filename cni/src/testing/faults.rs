@@ -157,8 +157,18 @@ impl Links for FaultyLinks {
                 source: NlError::Kernel(Errno::EADDRNOTAVAIL),
             });
         }
+        // The kernel calls no driver for an unchanged address: igb hears of
+        // (and records) a VF's MAC only when it changes.
+        let before = self
+            .inner
+            .by_index(index)
+            .ok()
+            .flatten()
+            .and_then(|l| l.mac);
         guarded!(self, "set_mac", self.inner.set_mac(index, mac))?;
-        self.faults.0.borrow_mut().netdev_mac = Some(*mac);
+        if before != Some(*mac) {
+            self.faults.0.borrow_mut().netdev_mac = Some(*mac);
+        }
         Ok(())
     }
     fn set_mtu(&mut self, index: u32, mtu: u32) -> Result<(), LinkError> {
