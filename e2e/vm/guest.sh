@@ -23,7 +23,8 @@ section "kernel $(uname -r), accel ${KROCE_VM_ACCEL:-?}"
 # No /lib/modules for this kernel on the host's /: load from the unpacked
 # tree, also for the kernel's own on-demand loads (rxe needs crc32). No udev
 # here: ib_uverbs/ib_umad/rdma_ucm (what udev loads for an RDMA device) by hand.
-printf '#!/bin/sh\nexec /sbin/modprobe -d %s "$@"\n' "$KROCE_VM_MODULES" >/tmp/modprobe
+printf '#!/bin/sh\n/sbin/modprobe -d %s "$@" 2>/dev/null || exec /sbin/modprobe -d %s "$@"\n' \
+  "$KROCE_VM_MODULES_FAST" "$KROCE_VM_MODULES" >/tmp/modprobe
 chmod +x /tmp/modprobe
 echo /tmp/modprobe >/proc/sys/kernel/modprobe
 for m in igb igbvf rdma_rxe ib_uverbs ib_umad rdma_ucm; do /tmp/modprobe "$m" || echo "modprobe $m failed"; done
