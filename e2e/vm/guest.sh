@@ -9,7 +9,9 @@
 set -u
 out=/mnt/results
 bin=$KROCE_BIN_DIR
-export KROCE_STATE_DIR=/var/lib/cni/kroce
+# The state dir from the environment, never from the network config: both
+# the current name and the one the CNI's roots-from-env change reads.
+export KROCE_STATE_DIR=/var/lib/cni/kroce KROCE_CNI_STATE_DIR=/var/lib/cni/kroce
 state=$KROCE_STATE_DIR
 
 check() { # check NAME CONDITION-RC DETAIL...
