@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Fetches the real peers the tests run against and that Debian bookworm does
 # not have, at pinned versions, from Debian unstable through a private apt
-# configuration (its own sources list, lists and cache: nothing from
-# unstable is installed system-wide), unpacked with dpkg -x into a cache
-# directory keyed by version, so a second run downloads nothing.
+# configuration (ci/debian-apt.sh: its own sources list, lists and cache;
+# nothing from unstable is installed system-wide; the mirror is the
+# machine's own), unpacked with dpkg -x into a cache directory keyed by
+# version, so a second run downloads nothing. A pinned version Debian has
+# dropped falls back to the current one, with a warning naming both.
 #
 #   ci/real-peers.sh [CACHE_DIR]     (default: /var/cache/kroce-peers)
 #
@@ -23,70 +25,26 @@ cache=${1:-${KROCE_PEERS_DIR:-/var/cache/kroce-peers}}
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
 
+# shellcheck source=ci/debian-apt.sh
+. "$(dirname "$0")/debian-apt.sh"
 apt_dir=$cache/apt-unstable
-apt_opts=(
-  -o "Dir::Etc::sourcelist=$apt_dir/sources.list"
-  -o "Dir::Etc::sourceparts=$apt_dir/sources.list.d"
-  -o "Dir::State::Lists=$apt_dir/lists"
-  -o "Dir::Cache=$apt_dir/cache"
-  -o "Dir::State::status=$apt_dir/status"
-  -o "APT::Sandbox::User=root"
-)
 
-apt_ready=0
-apt_unstable() {
-  if [ "$apt_ready" = 0 ]; then
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/sources.list.d"
-    : > "$apt_dir/status"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian unstable main" \
-      > "$apt_dir/sources.list"
-    apt-get "${apt_opts[@]}" update -qq >&2
-    apt_ready=1
-  fi
-  apt-get "${apt_opts[@]}" "$@"
-}
-
-# unpack DEST PACKAGE=VERSION...: downloads the exact versions and dpkg -x's
-# them all into DEST (once: DEST/.complete marks a finished unpack).
-unpack() {
-  local dest=$1
-  shift
-  [ -f "$dest/.complete" ] && return 0
-  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp/debs"
-  # Unstable drops superseded versions; snapshot.debian.org is not
-  # reachable from here, so a pin that is gone must be moved (for the
-  # apiextensions-apiserver: regenerate ci/apiextensions-packages.txt).
-  (cd "$dest.tmp/debs" && apt_unstable download -qq "$@" >&2) || {
-    echo "real-peers: cannot download the $# packages for $dest (a pinned version no longer in Debian unstable?)" >&2
-    return 1
-  }
-  # apt-get download has been seen to exit 0 having fetched nothing.
-  local got
-  got=$(find "$dest.tmp/debs" -name '*.deb' | wc -l)
-  if [ "$got" != $# ]; then
-    echo "real-peers: asked for $# packages for $dest, got $got .deb files" >&2
-    return 1
-  fi
-  for deb in "$dest.tmp/debs/"*.deb; do
-    dpkg -x "$deb" "$dest.tmp" && rm "$deb"
-  done
-  rm -rf "$dest.tmp/debs" "$dest"
-  mv "$dest.tmp" "$dest"
-  touch "$dest/.complete"
-}
-
-unpack "$cache/containerd-$CONTAINERD_VERSION" "containerd=$CONTAINERD_VERSION"
-"$cache/containerd-$CONTAINERD_VERSION/usr/bin/containerd" --version >&2
+fetch_unpack "$apt_dir" unstable "$cache/containerd" "containerd=$CONTAINERD_VERSION"
+containerd_dir=$fetched
+"$containerd_dir/usr/bin/containerd" --version >&2
 
 # Go (runs on bookworm's glibc) and libcni's source, for the test tree's
 # small Go drivers, built in GOPATH mode (no module proxy here).
-unpack "$cache/go-$GO_VERSION" "golang-1.27-go=$GO_VERSION" "golang-1.27-src=$GO_VERSION"
-unpack "$cache/libcni-$LIBCNI_VERSION" "golang-github-appc-cni-dev=$LIBCNI_VERSION"
+fetch_unpack "$apt_dir" unstable "$cache/go" "golang-1.27-go=$GO_VERSION" "golang-1.27-src=$GO_VERSION"
+go_dir=$fetched
+fetch_unpack "$apt_dir" unstable "$cache/libcni" "golang-github-appc-cni-dev=$LIBCNI_VERSION"
+libcni_dir=$fetched
 
 # etcd and k8s.io/apiextensions-apiserver, the real CRD server the
 # operator's API code is tested against (operator/tests/real_crd_server.rs).
-unpack "$cache/etcd-$ETCD_VERSION" "etcd-server=$ETCD_VERSION"
-"$cache/etcd-$ETCD_VERSION/usr/bin/etcd" --version >&2
+fetch_unpack "$apt_dir" unstable "$cache/etcd" "etcd-server=$ETCD_VERSION"
+etcd_dir=$fetched
+"$etcd_dir/usr/bin/etcd" --version >&2
 
 # Keyed by version and by the pinned package list, so editing the list
 # rebuilds. GOPATH mode (no module proxy here); nojsonv2: Go 1.27's default
@@ -101,9 +59,11 @@ if [ ! -x "$ae_bin" ]; then
   start=$(date +%s)
   # Unstable moves on; on a machine without the cached binary, a pin that is
   # gone falls back to the current versions of the same packages (warned).
-  unpack "$ae_src" "${ae_pkgs[@]}" || {
+  # (resolve_pins warns for each pin that moved, naming both versions.)
+  unpack_into "$apt_dir" unstable "$ae_src" "${ae_pkgs[@]}" || {
     echo "real-peers: WARNING: pinned apiextensions sources unavailable; using Debian unstable's current versions (regenerate ci/apiextensions-packages.txt)" >&2
-    unpack "$ae_src" "${ae_pkgs[@]%%=*}"
+    mapfile -t ae_now < <(resolve_pins "$apt_dir" unstable "${ae_pkgs[@]}")
+    unpack_into "$apt_dir" unstable "$ae_src" "${ae_now[@]}"
   }
   # A build reads neither tests nor their data: 0.5 of the 2 GB.
   find "$ae_src" -name '*_test.go' -delete
@@ -115,10 +75,10 @@ if [ ! -x "$ae_bin" ]; then
   mkdir -p "$(dirname "$ae_bin")"
   # nice: CI machines are shared with other builds.
   (cd "$ae_src" &&
-    env GOROOT="$cache/go-$GO_VERSION/usr/lib/go-1.27" GO111MODULE=off \
+    env GOROOT="$go_dir/usr/lib/go-1.27" GO111MODULE=off \
       GOPATH="$ae_src/usr/share/gocode" GOFLAGS= GOEXPERIMENT=nojsonv2 \
       GOTOOLCHAIN=local GOPROXY=off GOCACHE="$gocache" \
-      nice "$cache/go-$GO_VERSION/usr/lib/go-1.27/bin/go" build \
+      nice "$go_dir/usr/lib/go-1.27/bin/go" build \
       -gcflags=all=-dwarf=false -ldflags=-w \
       -o "$ae_bin.tmp" k8s.io/apiextensions-apiserver >&2)
   rm -rf "$gocache"
@@ -129,8 +89,8 @@ if [ ! -x "$ae_bin" ]; then
   rm -rf "$ae_src"
 fi
 
-echo "KROCE_CONTAINERD_BIN=$cache/containerd-$CONTAINERD_VERSION/usr/bin"
-echo "KROCE_GOROOT=$cache/go-$GO_VERSION/usr/lib/go-1.27"
-echo "KROCE_LIBCNI_GOPATH=$cache/libcni-$LIBCNI_VERSION/usr/share/gocode"
-echo "KROCE_ETCD=$cache/etcd-$ETCD_VERSION/usr/bin/etcd"
+echo "KROCE_CONTAINERD_BIN=$containerd_dir/usr/bin"
+echo "KROCE_GOROOT=$go_dir/usr/lib/go-1.27"
+echo "KROCE_LIBCNI_GOPATH=$libcni_dir/usr/share/gocode"
+echo "KROCE_ETCD=$etcd_dir/usr/bin/etcd"
 echo "KROCE_APIEXTENSIONS=$ae_bin"

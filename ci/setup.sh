@@ -15,9 +15,12 @@ export DEBIAN_FRONTEND=noninteractive
 #   + pciutils: real tools that must read our fixture hosts; runc +
 #   busybox-static: the real container runtime's OCI runtime and test image;
 #   prometheus (2.42): promtool checks and unit-tests the chart's alert rules.
+# kmod + perftest (+ busybox-static): the real-kernel VM tier (depmod for the
+#   guest kernel's modules, ib_write_bw/ib_send_lat run inside the guest).
 packages=(containernetworking-plugins iproute2 procps util-linux mount
   shellcheck debootstrap ibverbs-utils ibverbs-providers pciutils
-  runc busybox-static prometheus)
+  runc busybox-static prometheus
+  kmod perftest zstd xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -39,3 +42,5 @@ python3 "$repo/ci/install-helm.py" "$repo/.tools/bin" >&2
 
 # containerd 2.1.9 (Debian unstable, unpacked into a cache, not installed).
 "$repo/ci/real-peers.sh" | sed 's/^/export /'
+# QEMU 10 and a Linux 7.3 kernel for the real-kernel VM tier (ci/vm.sh).
+"$repo/ci/vm-peers.sh" | sed 's/^/export /'

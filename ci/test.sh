@@ -71,6 +71,16 @@ if [ "$prune" = 1 ]; then
   ls "$KROCE_BIN_DIR"
 fi
 
+step "real kernel in a VM (QEMU igb SR-IOV + rxe, Linux 7.3; the shipped binaries)"
+# One boot runs every check (ci/vm.sh, e2e/vm/guest.sh); e2e/tests/vm.rs
+# reads the results back and asserts, in the workspace tests below. Runs
+# after the prune: KROCE_BIN_DIR is then the copied-out shipped dir.
+vm_results=$target_dir/vm-results
+vm_start=$(date +%s)
+ci/vm.sh "$vm_results" || echo "VM tier: ci/vm.sh failed; e2e/tests/vm.rs reports what the guest saw"
+echo "VM tier: $(($(date +%s) - vm_start)) s"
+export KROCE_VM_RESULTS=$vm_results
+
 step "cargo test (workspace)"
 out=$(mktemp)
 set +e

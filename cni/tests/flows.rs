@@ -5,7 +5,9 @@
 use kroce_cni::netlink::rdma::RdmaNetnsMode;
 use kroce_cni::netlink::route;
 use kroce_cni::protocol::code;
-use kroce_cni::testing::{Faults, NetnsGuard, RecordingRdma, TestBed, hex, skip_without_netns};
+use kroce_cni::testing::{
+    Faults, NetnsGuard, RecordingRdma, RecordingVfConfig, TestBed, hex, skip_without_netns,
+};
 use kroce_cni::vf_attrs::{LinkState, VfSetting, VlanProto};
 use serde_json::{Value, json};
 
@@ -1556,4 +1558,88 @@ fn del_without_its_ipam_plugin_still_frees_the_vf() {
     )
     .ok()
     .unwrap();
+}
+
+/// igb as measured in the VM tier (`RecordingVfConfig::igb`): with `mac`
+/// set, DEL restored the PF side first and left an admin MAC with trust off,
+/// after which igb refused the VF netdev's own MAC (EADDRNOTAVAIL): DEL
+/// failed for good and the claim stayed. Now the PF-side MAC is cleared
+/// first, the netdev gets its own MAC back, and the PF reports it again.
+#[test]
+fn igb_del_with_mac_restores_everything_and_frees_the_vf() {
+    if skip_without_netns("igb_del_with_mac_restores_everything_and_frees_the_vf") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let igb = Faults::none();
+    let own = "02:00:3b:00:02:42".parse().unwrap();
+    kit.vf = RecordingVfConfig::igb(&[("ens1f0", 4, 8), ("ens2f0", 5, 8)], &[own], igb.clone());
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let host_before = bed.host.links().unwrap();
+    let cfg = bed.config(json!({
+        "mac": "0a:55:c2:28:c8:90", "vlan": 100, "vlanQoS": 3,
+        "spoofchk": "off", "trust": "on", "max_tx_rate": 100, "rdma": false
+    }));
+    bed.call(&mut kit, &igb, &bed.env("ADD", "c1", "net1"), &cfg)
+        .ok()
+        .expect("ADD");
+    let during = kit.vf.state("ens1f0", 0).unwrap();
+    assert_eq!(during.mac.to_string(), "0a:55:c2:28:c8:90");
+    for _ in 0..2 {
+        let r = bed.call(&mut kit, &igb, &bed.env("DEL", "c1", "net1"), &cfg);
+        assert!(r.result.is_ok(), "DEL: {:?}", r.result.err());
+    }
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+    assert!(!igb.vf_mac_locked(), "an admin MAC is left on the VF");
+    assert_eq!(bed.host.links().unwrap(), host_before);
+    assert!(
+        bed.state_files().iter().all(|f| !f.contains("vf/")),
+        "{:?}",
+        bed.state_files()
+    );
+}
+
+/// igb refuses a link state (EOPNOTSUPP), 802.1ad and a min rate: the
+/// rollback restores only what was changed (the link state never was) and
+/// leaves no admin MAC behind (the VF can still set its own MAC).
+#[test]
+fn igb_refusals_roll_back_only_what_changed() {
+    if skip_without_netns("igb_refusals_roll_back_only_what_changed") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let own = "02:00:3b:00:02:42".parse().unwrap();
+    for extra in [
+        json!({"link_state": "enable"}),
+        json!({"vlanProto": "802.1ad"}),
+        json!({"min_tx_rate": 10, "max_tx_rate": 100}),
+    ] {
+        let mut kit = bed.kit();
+        let igb = Faults::none();
+        kit.vf = RecordingVfConfig::igb(&[("ens1f0", 4, 8), ("ens2f0", 5, 8)], &[own], igb.clone());
+        let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+        let host_before = bed.host.links().unwrap();
+        let mut cfg = bed.config(json!({"mac": "0a:55:c2:28:c8:91", "vlan": 100, "rdma": false}));
+        for (k, v) in extra.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        let e = bed
+            .call(&mut kit, &igb, &bed.env("ADD", "c1", "net1"), &cfg)
+            .err();
+        // (802.1ad: the fixture's PF driver is mlx5_core, refused up front.)
+        assert!(matches!(e.code, code::VF_CONFIG | 2), "{extra}: {e}");
+        assert!(e.details.is_none(), "{extra}: rollback incomplete: {e}");
+        assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before, "{extra}");
+        assert!(
+            !igb.vf_mac_locked(),
+            "{extra}: an admin MAC is left on the VF"
+        );
+        assert_eq!(bed.host.links().unwrap(), host_before, "{extra}");
+        assert!(
+            bed.state_files().iter().all(|f| !f.contains("vf/")),
+            "{extra}: {:?}",
+            bed.state_files()
+        );
+    }
 }

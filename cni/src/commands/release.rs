@@ -4,6 +4,7 @@
 //! at any point and idempotent. State already gone is a note, not an error.
 
 use super::{Backends, Node};
+use crate::addr::Mac;
 use crate::ipam::{self, IpamRequest};
 use crate::links::{LinkError, Links};
 use crate::log::Logger;
@@ -14,6 +15,7 @@ use crate::protocol::{CniArgs, Command};
 use crate::rdma::Moved;
 use crate::state::Claim;
 use crate::vf::Target;
+use crate::vf_attrs::{VfSetting, VfState};
 use sriov_helpers::HostRoot;
 use std::path::{Path, PathBuf};
 
@@ -152,52 +154,165 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         }
     }
 
-    // 3. PF-side attributes (before the netdev's own MAC: on real VFs a
-    //    PF-side MAC change rewrites the VF netdev's address). Only on the
-    //    PF and VF index the host says the claimed PCI address is now: a
-    //    claim's recorded PF and index never choose another VF.
-    let current_vf = match (&claim.original.vf, claim.vf.vf()) {
-        (Some(_), Some(vf)) => match crate::vf::resolve(&node.host_root, vf.pci) {
-            Ok(cur) => {
-                if (cur.pf_ifname.as_str(), cur.vf_index) != (vf.pf_ifname.as_str(), vf.vf_index) {
-                    log.warn(&format!(
-                        "{}: the claim says VF {} of {}, the host says VF {} of {}: restoring the host's",
-                        claim.vf, vf.vf_index, vf.pf_ifname, cur.vf_index, cur.pf_ifname
-                    ));
+    // 3. PF-side, only what differs from the original now (a setting the
+    //    driver refused was never changed: igb answers EOPNOTSUPP to a link
+    //    state, and restoring it would fail the same way). The PF-side MAC
+    //    goes first and is *cleared* (00:00:00:00:00:00): an admin MAC left
+    //    on igb with trust off makes it refuse the VF netdev's own MAC
+    //    change below (EADDRNOTAVAIL, the claim then stayed for good).
+    let pf_side = pf_side_to_restore(claim, node, b, log, &mut errors);
+    let mac_cleared = match &pf_side {
+        Some((v, orig_vf, settings))
+            if settings.iter().any(|s| matches!(s, VfSetting::Mac { .. })) =>
+        {
+            match b
+                .vf
+                .set(&v.pf_ifname, v.vf_index, &VfSetting::Mac { mac: Mac::ZERO })
+            {
+                Ok(()) => true,
+                Err(e) if e.is_gone() => {
+                    log.info(&format!("already gone: {e}"));
+                    false
                 }
-                Some(cur)
+                // A driver that takes no zero MAC: the original, as before.
+                Err(_) => {
+                    if let Err(e) = b.vf.set(
+                        &v.pf_ifname,
+                        v.vf_index,
+                        &VfSetting::Mac { mac: orig_vf.mac },
+                    ) {
+                        errors.push(e.to_string());
+                    }
+                    false
+                }
             }
-            Err(e @ crate::vf::VfError::NotFound { .. }) => {
-                log.info(&format!("already gone: {e}"));
-                None
-            }
-            Err(e) => {
-                errors.push(format!("PF-side settings not restored: {e}"));
-                None
-            }
-        },
-        _ => None,
+        }
+        _ => false,
     };
-    if let Some(orig_vf) = &claim.original.vf
-        && let Some(vf) = &current_vf
-    {
-        for s in &claim.planned.vf_settings {
-            let Some(o) = s.original_in(orig_vf) else {
+
+    // 4. The netdev's own attributes. After a clear the VF's own MAC is
+    //    set even when the netdev still has it: that is how igb learns it
+    //    again (the PF then reports it, as before the ADD).
+    let was_admin = pf_side
+        .as_ref()
+        .is_some_and(|(_, o, _)| !o.mac.is_zero() && orig.mac != Some(o.mac));
+    let force_mac = mac_cleared && !was_admin;
+    restore_netdev(
+        claim,
+        node,
+        host.as_mut(),
+        moved_back,
+        force_mac,
+        log,
+        &mut errors,
+    );
+
+    // 5. The other PF-side settings, and the MAC as it was set: an admin MAC
+    //    again only if it was one (non-zero and not the VF's own address);
+    //    else the VF's own MAC set in step 4 is what the PF reports.
+    if let Some((v, orig_vf, settings)) = &pf_side {
+        for s in settings {
+            if matches!(s, VfSetting::Mac { .. }) {
                 continue;
-            };
-            match b.vf.set(&vf.pf_ifname, vf.vf_index, &o) {
+            }
+            match b.vf.set(&v.pf_ifname, v.vf_index, s) {
                 Ok(()) => {}
                 Err(e) if e.is_gone() => log.info(&format!("already gone: {e}")),
                 Err(e) => errors.push(e.to_string()),
             }
         }
+        if mac_cleared
+            && was_admin
+            && let Err(e) = b.vf.set(
+                &v.pf_ifname,
+                v.vf_index,
+                &VfSetting::Mac { mac: orig_vf.mac },
+            )
+        {
+            errors.push(e.to_string());
+        }
     }
+    errors
+}
 
-    // 4. The netdev's own attributes.
+/// The PF-side settings to put back: the original value of each planned
+/// setting whose current value differs (all of them when the PF cannot be
+/// read now). `None` without a PF or without recorded PF-side state.
+///
+/// Only on the PF and VF index the host says the claimed PCI address is
+/// now: a claim's recorded PF and index never choose another VF.
+fn pf_side_to_restore<'c>(
+    claim: &'c Claim,
+    node: &Node,
+    b: &mut Backends<'_>,
+    log: &Logger,
+    errors: &mut Vec<String>,
+) -> Option<(crate::vf::VfTarget, &'c VfState, Vec<VfSetting>)> {
+    let orig_vf = claim.original.vf.as_ref()?;
+    let recorded = claim.vf.vf()?;
+    let v = match crate::vf::resolve(&node.host_root, recorded.pci) {
+        Ok(cur) => {
+            if (cur.pf_ifname.as_str(), cur.vf_index)
+                != (recorded.pf_ifname.as_str(), recorded.vf_index)
+            {
+                log.warn(&format!(
+                    "{}: the claim says VF {} of {}, the host says VF {} of {}: restoring the host's",
+                    claim.vf, recorded.vf_index, recorded.pf_ifname, cur.vf_index, cur.pf_ifname
+                ));
+            }
+            cur
+        }
+        Err(e @ crate::vf::VfError::NotFound { .. }) => {
+            log.info(&format!("already gone: {e}"));
+            return None;
+        }
+        Err(e) => {
+            errors.push(format!("PF-side settings not restored: {e}"));
+            return None;
+        }
+    };
+    let now = match b.vf.get(&v.pf_ifname, v.vf_index) {
+        Ok(now) => Some(now),
+        Err(e) if e.is_gone() => {
+            log.info(&format!("already gone: {e}"));
+            return None;
+        }
+        Err(e) => {
+            errors.push(e.to_string());
+            None
+        }
+    };
+    let settings = claim
+        .planned
+        .vf_settings
+        .iter()
+        .filter_map(|s| {
+            let o = s.original_in(orig_vf)?;
+            match &now {
+                Some(now) if s.original_in(now) == Some(o) => None,
+                _ => Some(o),
+            }
+        })
+        .collect();
+    Some((v, orig_vf, settings))
+}
+
+/// Step 4 of [`restore_vf`]: the VF netdev in the host netns gets its
+/// original name, MAC, MTU, altnames and up/down state back.
+fn restore_netdev(
+    claim: &Claim,
+    node: &Node,
+    host: &mut dyn Links,
+    moved_back: bool,
+    force_mac: bool,
+    log: &Logger,
+    errors: &mut Vec<String>,
+) {
+    let orig = &claim.original.link;
     let link = if moved_back {
         host.by_name(&orig.name)
     } else {
-        find_host_link(host.as_mut(), claim, node)
+        find_host_link(host, claim, node)
     };
     let link = match link {
         Ok(Some(l)) => l,
@@ -206,16 +321,16 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                 "{} netdev {} is not in the host netns (vanished, or still in a netns we cannot reach)",
                 claim.vf, orig.name
             ));
-            return errors;
+            return;
         }
         Err(e) => {
-            note_or_error(&mut errors, log, &e);
-            return errors;
+            note_or_error(errors, log, &e);
+            return;
         }
     };
     let mut fix = |r: Result<(), LinkError>| {
         if let Err(e) = r {
-            note_or_error(&mut errors, log, &e);
+            note_or_error(errors, log, &e);
         }
     };
     let mut up = link.up;
@@ -231,8 +346,16 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         fix(host.rename(link.index, &orig.name));
     }
     if let Some(mac) = orig.mac
-        && link.mac != Some(mac)
+        && (link.mac != Some(mac) || force_mac)
     {
+        // The kernel skips an unchanged address, and igb records a VF's MAC
+        // only when the VF changes it: a moment on a neighbour address
+        // (last bit flipped: still unicast, same administration bit) first.
+        if link.mac == Some(mac) {
+            let mut other = mac;
+            other.0[5] ^= 1;
+            fix(host.set_mac(link.index, &other));
+        }
         fix(host.set_mac(link.index, &mac));
     }
     if link.mtu != orig.mtu {
@@ -246,7 +369,6 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     if up != orig.up {
         fix(host.set_up(link.index, orig.up));
     }
-    errors
 }
 
 /// The IPAM DEL request of a claimed attachment: its recorded config and

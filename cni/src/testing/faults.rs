@@ -26,6 +26,12 @@ struct FaultState {
     fired: bool,
     /// Every operation, in the order the backends saw them.
     journal: Vec<String>,
+    /// The igb model (`RecordingVfConfig::igb`): the VF netdev's own MAC
+    /// change is refused (an admin MAC is set and trust is off).
+    vf_mac_locked: bool,
+    /// The last MAC the VF netdev set on itself (igb reports it PF-side
+    /// when no admin MAC is set).
+    netdev_mac: Option<Mac>,
 }
 
 /// Shared by all decorators of one call.
@@ -55,6 +61,18 @@ impl Faults {
     /// `ipam.start.ADD`, `ipam.done.ADD`, ...).
     pub fn journal(&self) -> Vec<String> {
         self.0.borrow().journal.clone()
+    }
+
+    pub fn set_vf_mac_locked(&self, locked: bool) {
+        self.0.borrow_mut().vf_mac_locked = locked;
+    }
+
+    pub fn vf_mac_locked(&self) -> bool {
+        self.0.borrow().vf_mac_locked
+    }
+
+    pub fn netdev_mac(&self) -> Option<Mac> {
+        self.0.borrow().netdev_mac
     }
 
     fn hit(&self, op: &str) -> bool {
@@ -130,7 +148,28 @@ impl Links for FaultyLinks {
         guarded!(self, "set_up", self.inner.set_up(index, up))
     }
     fn set_mac(&mut self, index: u32, mac: &Mac) -> Result<(), LinkError> {
-        guarded!(self, "set_mac", self.inner.set_mac(index, mac))
+        // igb: "VF N attempted to override administratively set MAC address".
+        if self.faults.vf_mac_locked() {
+            return Err(LinkError {
+                op: format!("set MAC {mac} on index {index}"),
+                target: String::new(),
+                netns: String::new(),
+                source: NlError::Kernel(Errno::EADDRNOTAVAIL),
+            });
+        }
+        // The kernel calls no driver for an unchanged address: igb hears of
+        // (and records) a VF's MAC only when it changes.
+        let before = self
+            .inner
+            .by_index(index)
+            .ok()
+            .flatten()
+            .and_then(|l| l.mac);
+        guarded!(self, "set_mac", self.inner.set_mac(index, mac))?;
+        if before != Some(*mac) {
+            self.faults.0.borrow_mut().netdev_mac = Some(*mac);
+        }
+        Ok(())
     }
     fn set_mtu(&mut self, index: u32, mtu: u32) -> Result<(), LinkError> {
         guarded!(self, "set_mtu", self.inner.set_mtu(index, mtu))

@@ -6,7 +6,7 @@ pub mod recording;
 pub mod testbed;
 
 pub use faults::Faults;
-pub use recording::{RdmaCall, RecordingRdma, RecordingVfConfig, Sent};
+pub use recording::{IgbModel, RdmaCall, RecordingRdma, RecordingVfConfig, Sent};
 pub use testbed::{BinOutput, CallResult, Kit, NetnsGuard, TestBed, skip_without_netns};
 
 /// Bytes as space-separated hex, for comparing netlink messages with the

@@ -3,11 +3,13 @@
 //! implementations send (same builders), record them, and keep an
 //! in-memory model of the hardware so flows can be checked end to end.
 
+use crate::addr::Mac;
 use crate::netlink::NlError;
 use crate::netlink::rdma::{self as rmsgs, RdmaNetnsMode};
 use crate::netlink::route;
 use crate::netns::Netns;
 use crate::rdma::{Moved, NetlinkRdma, RdmaControl, RdmaError, RdmaSocket, RdmaSockets};
+use crate::testing::Faults;
 use crate::vf_attrs::{LinkState, VfSetting, VfState};
 use crate::vf_config::{VfConfig, VfConfigError};
 use nix::errno::Errno;
@@ -38,6 +40,20 @@ pub struct RecordingVfConfig {
     pub pf_index: BTreeMap<String, u32>,
     pub vfs: BTreeMap<(String, u32), VfState>,
     pub sent: Vec<Sent>,
+    /// Behave as igb (82576) does, as measured on the real driver in the
+    /// VM tier: see [`RecordingVfConfig::igb`].
+    pub igb: Option<IgbModel>,
+}
+
+/// What igb does that mlx5 does not: it refuses 802.1ad (EPROTONOSUPPORT), a
+/// min rate (EINVAL) and link state (EOPNOTSUPP); a PF-side MAC is an admin
+/// MAC (00:00:00:00:00:00 clears it), and while one is set with trust off
+/// the VF netdev cannot change its own MAC (EADDRNOTAVAIL, through the
+/// shared [`Faults`]); with no admin MAC the PF reports the VF's own MAC.
+#[derive(Debug, Clone, Default)]
+pub struct IgbModel {
+    pub faults: Faults,
+    pub admin_mac: std::collections::BTreeSet<(String, u32)>,
 }
 
 impl RecordingVfConfig {
@@ -66,8 +82,44 @@ impl RecordingVfConfig {
         RecordingVfConfig::new(&[("ens1f0", 4, 8), ("ens2f0", 5, 8)])
     }
 
+    /// igb PFs (see [`IgbModel`]); VF `n`'s own MAC is `macs[n]` where given.
+    /// `faults` must be the ones the calls are made with.
+    pub fn igb(pfs: &[(&str, u32, u32)], macs: &[Mac], faults: Faults) -> RecordingVfConfig {
+        let mut r = RecordingVfConfig::new(pfs);
+        for ((_, vf), st) in r.vfs.iter_mut() {
+            if let Some(m) = macs.get(*vf as usize) {
+                st.mac = *m;
+            }
+        }
+        r.igb = Some(IgbModel {
+            faults,
+            admin_mac: Default::default(),
+        });
+        r
+    }
+
     pub fn state(&self, pf: &str, vf: u32) -> Option<VfState> {
-        self.vfs.get(&(pf.to_string(), vf)).copied()
+        let mut st = self.vfs.get(&(pf.to_string(), vf)).copied()?;
+        if let Some(igb) = &self.igb
+            && !igb.admin_mac.contains(&(pf.to_string(), vf))
+            && let Some(m) = igb.faults.netdev_mac()
+        {
+            st.mac = m;
+        }
+        Some(st)
+    }
+
+    fn igb_refusal(&self, setting: &VfSetting) -> Option<Errno> {
+        self.igb.as_ref()?;
+        match setting {
+            VfSetting::Vlan {
+                proto: crate::vf_attrs::VlanProto::Dot1Ad,
+                ..
+            } => Some(Errno::EPROTONOSUPPORT),
+            VfSetting::Rate { min, .. } if *min > 0 => Some(Errno::EINVAL),
+            VfSetting::LinkState { .. } => Some(Errno::EOPNOTSUPP),
+            _ => None,
+        }
     }
 }
 
@@ -88,6 +140,22 @@ impl VfConfig for RecordingVfConfig {
             .pf_index
             .get(pf)
             .ok_or_else(|| VfConfigError::PfGone { pf: pf.into() })?;
+        if !self.vfs.contains_key(&(pf.to_string(), vf)) {
+            return Err(VfConfigError::NoSuchVf {
+                pf: pf.into(),
+                vf,
+                listed: 0,
+            });
+        }
+        self.sent.push(Sent::of(&route::set_vf(index, vf, setting)));
+        if let Some(errno) = self.igb_refusal(setting) {
+            return Err(VfConfigError::Netlink {
+                op: format!("set {setting} on"),
+                pf: pf.into(),
+                vf,
+                source: crate::netlink::NlError::Kernel(errno),
+            });
+        }
         let st = self
             .vfs
             .get_mut(&(pf.to_string(), vf))
@@ -96,8 +164,20 @@ impl VfConfig for RecordingVfConfig {
                 vf,
                 listed: 0,
             })?;
-        self.sent.push(Sent::of(&route::set_vf(index, vf, setting)));
         st.apply(setting);
+        let trusted = st.trust == Some(true);
+        if let Some(igb) = &mut self.igb {
+            let key = (pf.to_string(), vf);
+            if let VfSetting::Mac { mac } = setting {
+                if mac.is_zero() {
+                    igb.admin_mac.remove(&key);
+                } else {
+                    igb.admin_mac.insert(key.clone());
+                }
+            }
+            igb.faults
+                .set_vf_mac_locked(igb.admin_mac.contains(&key) && !trusted);
+        }
         Ok(())
     }
 }
