@@ -16,6 +16,7 @@ set -euo pipefail
 CONTAINERD_VERSION=2.1.9+ds1-5
 GO_VERSION=1.27.3-1
 LIBCNI_VERSION=1.3.0-2
+GRPC_VERSION=1.81.1-1
 ETCD_VERSION=3.5.30-2
 # The apiextensions-apiserver's sources: this package plus the pinned
 # golang-*-dev closure in ci/apiextensions-packages.txt.
@@ -39,6 +40,14 @@ fetch_unpack "$apt_dir" unstable "$cache/go" "golang-1.27-go=$GO_VERSION" "golan
 go_dir=$fetched
 fetch_unpack "$apt_dir" unstable "$cache/libcni" "golang-github-appc-cni-dev=$LIBCNI_VERSION"
 libcni_dir=$fetched
+# grpc-go, the kubelet's gRPC library: dra/tests/kubelet_grpc.rs dials the
+# plugins' sockets with it exactly as the kubelet does (the socket path as
+# the target, so its :authority is the percent-encoded path).
+fetch_unpack "$apt_dir" unstable "$cache/grpc-go" "golang-google-grpc-dev=$GRPC_VERSION" \
+  golang-google-protobuf-dev=1.36.10-2 golang-google-genproto-dev=0.0~git20260414.afd174a-2 \
+  golang-golang-x-net-dev=1:0.62.0-1 golang-golang-x-sys-dev=0.49.0+dfsg-1 \
+  golang-golang-x-text-dev=0.43.0-1 golang-github-golang-protobuf-1-5-dev=1.5.4-2
+grpc_dir=$fetched
 
 # etcd and k8s.io/apiextensions-apiserver, the real CRD server the
 # operator's API code is tested against (operator/tests/real_crd_server.rs).
@@ -92,5 +101,6 @@ fi
 echo "KROCE_CONTAINERD_BIN=$containerd_dir/usr/bin"
 echo "KROCE_GOROOT=$go_dir/usr/lib/go-1.27"
 echo "KROCE_LIBCNI_GOPATH=$libcni_dir/usr/share/gocode"
+echo "KROCE_GRPC_GOPATH=$grpc_dir/usr/share/gocode"
 echo "KROCE_ETCD=$etcd_dir/usr/bin/etcd"
 echo "KROCE_APIEXTENSIONS=$ae_bin"
