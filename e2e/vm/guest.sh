@@ -52,12 +52,16 @@ cat >/tmp/node-state.json <<JSON
   "vfGroups": [{"network": "vm-net", "resourceName": "kroce.io/vm", "vfRange": "0-1"}],
   "irqAffinity": {"policy": "numaLocal"}}]}
 JSON
-"$bin/kroce-node-agent" apply --spec-file /tmp/node-state.json --vf-wait-seconds 60 >"$out/node-agent.json" 2>"$out/node-agent.err"
+"$bin/kroce-node-agent" apply --spec-file /tmp/node-state.json --vf-wait-seconds 60 --state-dir /run/kroce-node-agent >"$out/node-agent.json" 2>"$out/node-agent.err"
 rc=$?
 cat "$out/node-agent.json" "$out/node-agent.err"
 numvfs=$(cat "/sys/bus/pci/devices/$pf_pci/sriov_numvfs")
-[ "$numvfs" = 2 ] && [ "$rc" = 0 ]
-check agent-apply-vfs "$?" "apply exit $rc, sriov_numvfs $numvfs (0 -> 2 through the real sysfs)"
+# The agent records the PF it changed and its count before (0), so a
+# release restores 0 and never goes below what was there before kroce.
+record=$(tr -d " \n" </run/kroce-node-agent/changed-pfs.json 2>/dev/null)
+echo "record: $record"
+[ "$numvfs" = 2 ] && [ "$rc" = 0 ] && case $record in *"\"$pf_pci\":0"*) true ;; *) false ;; esac
+check agent-apply-vfs "$?" "apply exit $rc, sriov_numvfs $numvfs (0 -> 2 through the real sysfs), record $record"
 if [ "$numvfs" != 2 ]; then
   echo 0 >"/sys/bus/pci/devices/$pf_pci/sriov_numvfs"
   echo 2 >"/sys/bus/pci/devices/$pf_pci/sriov_numvfs"
