@@ -48,7 +48,22 @@ pub trait RdmaControl {
     fn present(&mut self, ns: &Netns, device: &str) -> Result<bool, RdmaError>;
     /// Moves `device` from `from` into `to`.
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError>;
+    /// Creates soft RDMA device `device` of `link_type` (`rxe`, `siw`) over
+    /// netdev `netdev` of `ns`, sent from a thread inside `ns` (what `ip
+    /// netns exec NS rdma link add DEVICE type TYPE netdev NETDEV` does).
+    fn add_link(
+        &mut self,
+        ns: &Netns,
+        device: &str,
+        link_type: &str,
+        netdev: &str,
+    ) -> Result<(), RdmaError>;
 }
+
+/// How long a NEWLINK waits for the name to be free: the kernel unregisters
+/// an rxe whose netdev left its netns from a work queue, so the old device
+/// of that name can still exist for a moment after the move.
+const NAME_FREE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// One NETLINK_RDMA socket. Only the thread that opened it sends on it:
 /// the kernel judges some requests by the sending thread's netns.
@@ -194,6 +209,41 @@ impl<S: RdmaSockets> RdmaControl for NetlinkRdma<S> {
         in_netns(Some(ns), || {
             let mut sock = Self::socket(sockets, Some(ns))?;
             Ok(Self::find(sock.as_mut(), device)?.is_some())
+        })
+    }
+
+    fn add_link(
+        &mut self,
+        ns: &Netns,
+        device: &str,
+        link_type: &str,
+        netdev: &str,
+    ) -> Result<(), RdmaError> {
+        let sockets = &mut self.sockets;
+        in_netns(Some(ns), || {
+            let mut sock = Self::socket(sockets, Some(ns))?;
+            let msg = msgs::new_link(device, link_type, netdev);
+            let start = std::time::Instant::now();
+            loop {
+                match sock.request(&msg) {
+                    Ok(_) => return Ok(()),
+                    Err(NlError::Kernel(Errno::EEXIST | Errno::ENFILE))
+                        if start.elapsed() < NAME_FREE_WAIT =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    Err(source) => {
+                        return Err(RdmaError::Netlink {
+                            op: format!(
+                                "create (type {link_type}, netdev {netdev}, netns {})",
+                                ns.path().display()
+                            ),
+                            device: device.into(),
+                            source,
+                        });
+                    }
+                }
+            }
         })
     }
 
