@@ -273,3 +273,61 @@ impl<S: RdmaSockets> RdmaControl for NetlinkRdma<S> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers NEWLINK with the scripted errnos, then success.
+    struct Scripted {
+        errnos: Vec<Errno>,
+        sent: Vec<Vec<u8>>,
+    }
+    struct ScriptedSocket<'a>(&'a mut Scripted);
+    impl RdmaSocket for ScriptedSocket<'_> {
+        fn request(&mut self, msg: &MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
+            self.0.sent.push(msg.payload().to_vec());
+            match self.0.errnos.pop() {
+                Some(e) => Err(NlError::Kernel(e)),
+                None => Ok(Vec::new()),
+            }
+        }
+    }
+    impl RdmaSockets for Scripted {
+        fn open(&mut self) -> Result<Box<dyn RdmaSocket + '_>, NlError> {
+            Ok(Box::new(ScriptedSocket(self)))
+        }
+    }
+
+    /// The kernel unregisters the rxe whose netdev moved from a work queue:
+    /// for a moment its name is still taken (ENFILE), and NEWLINK waits for
+    /// it; any other refusal fails at once, naming the device and netdev.
+    #[test]
+    fn new_link_waits_for_the_old_name_to_be_free() {
+        let here = Netns::current().unwrap();
+        let mut r = NetlinkRdma::with_sockets(
+            None,
+            Scripted {
+                errnos: vec![Errno::ENFILE, Errno::ENFILE],
+                sent: Vec::new(),
+            },
+        );
+        r.add_link(&here, "rxe_vf0", "rxe", "net1").unwrap();
+        assert_eq!(r.sockets().sent.len(), 3);
+        assert_eq!(
+            r.sockets().sent[0],
+            msgs::new_link("rxe_vf0", "rxe", "net1").payload()
+        );
+        let mut r = NetlinkRdma::with_sockets(
+            None,
+            Scripted {
+                errnos: vec![Errno::ENODEV],
+                sent: Vec::new(),
+            },
+        );
+        let e = r.add_link(&here, "rxe_vf0", "rxe", "net1").unwrap_err();
+        assert_eq!(r.sockets().sent.len(), 1);
+        let m = e.to_string();
+        assert!(m.contains("rxe_vf0") && m.contains("net1"), "{m}");
+    }
+}
