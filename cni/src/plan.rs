@@ -19,6 +19,10 @@ pub struct AddPlan {
     pub mtu: Option<u32>,
     /// The RDMA device to move into the pod netns.
     pub rdma_device: Option<String>,
+    /// `rdma_device` is a soft device over the VF's netdev (this is its link
+    /// type): the kernel deleted it when the netdev moved, so it is made
+    /// again in the pod netns instead of moved.
+    pub rdma_recreate: Option<String>,
     pub ipam: bool,
     pub memlock: Option<Memlock>,
 }
@@ -37,6 +41,9 @@ pub enum Step {
     SetMtu,
     LinkUp,
     MoveRdma,
+    /// `rdma link add` of the soft device over the pod's netdev, from inside
+    /// the pod netns; moved there when the kernel made it elsewhere.
+    RecreateRdma,
     IpamAdd,
     Addresses,
     Routes,
@@ -56,7 +63,11 @@ impl AddPlan {
         }
         s.push(Step::LinkUp);
         if self.rdma_device.is_some() {
-            s.push(Step::MoveRdma);
+            s.push(if self.rdma_recreate.is_some() {
+                Step::RecreateRdma
+            } else {
+                Step::MoveRdma
+            });
         }
         if self.ipam {
             s.extend([Step::IpamAdd, Step::Addresses, Step::Routes]);
@@ -209,8 +220,20 @@ pub fn plan_add(
     if let Some(v) = vf.vf() {
         refuse_unsupported_by_pf(&vf_settings, v)?;
     }
+    let soft_on_vf = vf.vf().and_then(|v| v.rdma_soft.clone());
+    if let (Some(dev), Some(ty), RdmaPolicy::Never) = (vf.rdma(), &soft_on_vf, conf.rdma) {
+        warnings.push(format!(
+            "rdma is false: the kernel deletes {ty} device {dev} of {vf} when its netdev leaves the host netns; DEL makes it again on the host"
+        ));
+    }
     let rdma_device = match (vf.rdma(), conf.rdma) {
         (_, RdmaPolicy::Never) => None,
+        // A soft device over the VF's netdev is made again in the pod netns
+        // (any netns mode: it dies with the move either way); without RDMA
+        // netlink it cannot be, and `auto` warns as below.
+        (Some(dev), _) if soft_on_vf.is_some() && matches!(rdma_mode, Some(Ok(_))) => {
+            Some(dev.clone())
+        }
         (None, RdmaPolicy::Always) => {
             return Err(CniError::new(
                 code::RDMA,
@@ -256,6 +279,7 @@ pub fn plan_add(
         vf_settings,
         mac: conf.mac,
         mtu: conf.mtu,
+        rdma_recreate: soft_on_vf.filter(|_| rdma_device.is_some()),
         rdma_device,
         ipam: conf.ipam.is_some(),
         memlock: conf.memlock,
@@ -284,9 +308,38 @@ mod tests {
             pf_ifname: "ens1f0".into(),
             netdev: Some("ens1f0v0".into()),
             rdma: rdma.map(str::to_string),
+            rdma_soft: None,
             driver: Some("mlx5_core".into()),
             pf_driver: Some("mlx5_core".into()),
         })
+    }
+
+    /// A soft device over the VF's netdev is made again in the pod in
+    /// either netns mode (the move deletes it either way); `rdma: false`
+    /// warns that it is deleted.
+    #[test]
+    fn rxe_on_a_vf_is_recreated_not_moved() {
+        let mut t = vf(Some("rxe_vf0"));
+        if let Target::Vf(v) = &mut t {
+            v.rdma_soft = Some("rxe".into());
+        }
+        for (policy, mode) in [
+            ("true", RdmaNetnsMode::Shared),
+            ("true", RdmaNetnsMode::Exclusive),
+            ("\"auto\"", RdmaNetnsMode::Shared),
+        ] {
+            let c = conf(serde_json::from_str(&format!("{{\"rdma\": {policy}}}")).unwrap());
+            let (p, w) = plan_add(&c, "net1", &t, Some(Ok(mode))).unwrap();
+            assert!(w.is_empty(), "{w:?}");
+            assert_eq!(p.rdma_device.as_deref(), Some("rxe_vf0"));
+            assert_eq!(p.rdma_recreate.as_deref(), Some("rxe"));
+            assert!(p.steps().contains(&Step::RecreateRdma));
+            assert!(!p.steps().contains(&Step::MoveRdma));
+        }
+        let c = conf(serde_json::json!({"rdma": false}));
+        let (p, w) = plan_add(&c, "net1", &t, None).unwrap();
+        assert_eq!((p.rdma_device, p.rdma_recreate), (None, None));
+        assert!(w[0].contains("rxe_vf0") && w[0].contains("DEL"), "{w:?}");
     }
 
     #[test]

@@ -48,7 +48,22 @@ pub trait RdmaControl {
     fn present(&mut self, ns: &Netns, device: &str) -> Result<bool, RdmaError>;
     /// Moves `device` from `from` into `to`.
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError>;
+    /// Creates soft RDMA device `device` of `link_type` (`rxe`, `siw`) over
+    /// netdev `netdev` of `ns`, sent from a thread inside `ns` (what `ip
+    /// netns exec NS rdma link add DEVICE type TYPE netdev NETDEV` does).
+    fn add_link(
+        &mut self,
+        ns: &Netns,
+        device: &str,
+        link_type: &str,
+        netdev: &str,
+    ) -> Result<(), RdmaError>;
 }
+
+/// How long a NEWLINK waits for the name to be free: the kernel unregisters
+/// an rxe whose netdev left its netns from a work queue, so the old device
+/// of that name can still exist for a moment after the move.
+const NAME_FREE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// One NETLINK_RDMA socket. Only the thread that opened it sends on it:
 /// the kernel judges some requests by the sending thread's netns.
@@ -197,6 +212,41 @@ impl<S: RdmaSockets> RdmaControl for NetlinkRdma<S> {
         })
     }
 
+    fn add_link(
+        &mut self,
+        ns: &Netns,
+        device: &str,
+        link_type: &str,
+        netdev: &str,
+    ) -> Result<(), RdmaError> {
+        let sockets = &mut self.sockets;
+        in_netns(Some(ns), || {
+            let mut sock = Self::socket(sockets, Some(ns))?;
+            let msg = msgs::new_link(device, link_type, netdev);
+            let start = std::time::Instant::now();
+            loop {
+                match sock.request(&msg) {
+                    Ok(_) => return Ok(()),
+                    Err(NlError::Kernel(Errno::EEXIST | Errno::ENFILE))
+                        if start.elapsed() < NAME_FREE_WAIT =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    Err(source) => {
+                        return Err(RdmaError::Netlink {
+                            op: format!(
+                                "create (type {link_type}, netdev {netdev}, netns {})",
+                                ns.path().display()
+                            ),
+                            device: device.into(),
+                            source,
+                        });
+                    }
+                }
+            }
+        })
+    }
+
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError> {
         let fd = u32::try_from(to.fd().as_raw_fd()).unwrap_or_default();
         let sockets = &mut self.sockets;
@@ -221,5 +271,63 @@ impl<S: RdmaSockets> RdmaControl for NetlinkRdma<S> {
                     source,
                 })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers NEWLINK with the scripted errnos, then success.
+    struct Scripted {
+        errnos: Vec<Errno>,
+        sent: Vec<Vec<u8>>,
+    }
+    struct ScriptedSocket<'a>(&'a mut Scripted);
+    impl RdmaSocket for ScriptedSocket<'_> {
+        fn request(&mut self, msg: &MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
+            self.0.sent.push(msg.payload().to_vec());
+            match self.0.errnos.pop() {
+                Some(e) => Err(NlError::Kernel(e)),
+                None => Ok(Vec::new()),
+            }
+        }
+    }
+    impl RdmaSockets for Scripted {
+        fn open(&mut self) -> Result<Box<dyn RdmaSocket + '_>, NlError> {
+            Ok(Box::new(ScriptedSocket(self)))
+        }
+    }
+
+    /// The kernel unregisters the rxe whose netdev moved from a work queue:
+    /// for a moment its name is still taken (ENFILE), and NEWLINK waits for
+    /// it; any other refusal fails at once, naming the device and netdev.
+    #[test]
+    fn new_link_waits_for_the_old_name_to_be_free() {
+        let here = Netns::current().unwrap();
+        let mut r = NetlinkRdma::with_sockets(
+            None,
+            Scripted {
+                errnos: vec![Errno::ENFILE, Errno::ENFILE],
+                sent: Vec::new(),
+            },
+        );
+        r.add_link(&here, "rxe_vf0", "rxe", "net1").unwrap();
+        assert_eq!(r.sockets().sent.len(), 3);
+        assert_eq!(
+            r.sockets().sent[0],
+            msgs::new_link("rxe_vf0", "rxe", "net1").payload()
+        );
+        let mut r = NetlinkRdma::with_sockets(
+            None,
+            Scripted {
+                errnos: vec![Errno::ENODEV],
+                sent: Vec::new(),
+            },
+        );
+        let e = r.add_link(&here, "rxe_vf0", "rxe", "net1").unwrap_err();
+        assert_eq!(r.sockets().sent.len(), 1);
+        let m = e.to_string();
+        assert!(m.contains("rxe_vf0") && m.contains("net1"), "{m}");
     }
 }

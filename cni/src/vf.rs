@@ -18,6 +18,11 @@ pub struct VfTarget {
     /// is in another netns or the VF is bound to a non-netdev driver.
     pub netdev: Option<String>,
     pub rdma: Option<String>,
+    /// `rdma` is a soft device (rxe, siw; this is its link type) made over
+    /// the VF's netdev: the kernel deletes it when the netdev leaves the
+    /// netns, so ADD recreates it in the pod and release on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_soft: Option<String>,
     pub driver: Option<String>,
     /// The PF's driver (`device/driver` of the PF): what VF attributes the
     /// PF accepts depends on it. Absent in claims written before it was read.
@@ -263,6 +268,30 @@ pub fn resolve_soft(root: &HostRoot, name: &str) -> Result<SoftTarget, VfError> 
     })
 }
 
+/// The soft RDMA device made over netdev `netdev` and its link type: a
+/// device under `class/infiniband` with no `device` link whose `parent`
+/// names `netdev`. `siw` when its node type is an RNIC (iWARP), else `rxe`.
+pub fn soft_rdma_on(root: &HostRoot, netdev: &str) -> Option<(String, String)> {
+    let names = sriov_helpers::rdma::list_rdma_devices(root).ok()?;
+    names.into_iter().find_map(|name| {
+        let dir = root.class_infiniband().join(&name);
+        if std::fs::symlink_metadata(dir.join("device")).is_ok() {
+            return None;
+        }
+        let parent = std::fs::read_to_string(dir.join("parent")).ok()?;
+        if parent.trim() != netdev {
+            return None;
+        }
+        let node_type = std::fs::read_to_string(dir.join("node_type")).unwrap_or_default();
+        let ty = if node_type.contains("RNIC") {
+            "siw"
+        } else {
+            "rxe"
+        };
+        Some((name, ty.to_string()))
+    })
+}
+
 /// Reads the VF at `pci` and its PF from `root`'s sysfs.
 pub fn resolve(root: &HostRoot, pci: PciAddress) -> Result<VfTarget, VfError> {
     let dev = read_pci_device(root, pci).map_err(|e| {
@@ -290,13 +319,25 @@ pub fn resolve(root: &HostRoot, pci: PciAddress) -> Result<VfTarget, VfError> {
         .first()
         .cloned()
         .ok_or(VfError::PfWithoutNetdev { pci, pf })?;
+    let netdev = dev.netdevs.first().cloned();
+    // A hardware RDMA device of the VF's own wins over an rxe on its netdev
+    // (as in sriov-helpers' host model).
+    let (rdma, rdma_soft) = match (dev.rdma_devices.first(), &netdev) {
+        (Some(hw), _) => (Some(hw.clone()), None),
+        (None, Some(n)) => match soft_rdma_on(root, n) {
+            Some((name, ty)) => (Some(name), Some(ty)),
+            None => (None, None),
+        },
+        (None, None) => (None, None),
+    };
     Ok(VfTarget {
         pci,
         pf_pci: pf,
         vf_index,
         pf_ifname,
-        netdev: dev.netdevs.first().cloned(),
-        rdma: dev.rdma_devices.first().cloned(),
+        netdev,
+        rdma,
+        rdma_soft,
         driver: dev.driver,
         pf_driver: pf_dev.driver,
     })
@@ -318,6 +359,35 @@ mod tests {
         assert!(vf.rdma.as_deref().unwrap().starts_with("mlx5_"));
         assert_eq!(vf.driver.as_deref(), Some("mlx5_core"));
         assert_eq!(vf.pf_driver.as_deref(), Some("mlx5_core"));
+    }
+
+    /// Issue 25 2(c): an rxe made on an igb VF's netdev is that VF's RDMA
+    /// device, marked soft (the kernel deletes it when the netdev moves);
+    /// a VF with a hardware RDMA device keeps its own.
+    #[test]
+    fn an_rxe_on_a_vf_netdev_is_the_vfs_soft_rdma_device() {
+        let mut h = FixtureHost::connectx6dx_pair().unwrap();
+        h.add_pf(sriov_helpers::fixture::PfSpec::igb(
+            "0000:81:00.0",
+            "eth1",
+            Some(1),
+            2,
+        ))
+        .unwrap();
+        let pf = "0000:81:00.0".parse().unwrap();
+        let netdev = h.add_rxe_on_vf("rxe_vf1", &pf, 1).unwrap();
+        let root = h.root();
+        let vf1 = resolve(&root, h.vf_address(&pf, 1).unwrap()).unwrap();
+        assert_eq!(vf1.netdev.as_deref(), Some(netdev.as_str()));
+        assert_eq!(vf1.rdma.as_deref(), Some("rxe_vf1"));
+        assert_eq!(vf1.rdma_soft.as_deref(), Some("rxe"));
+        let vf0 = resolve(&root, h.vf_address(&pf, 0).unwrap()).unwrap();
+        assert_eq!((vf0.rdma, vf0.rdma_soft), (None, None));
+        // A ConnectX VF with an rxe on its netdev: its mlx5 device wins.
+        h.add_rxe("rxe_cx", "ens1f0v2").unwrap();
+        let cx = resolve(&h.root(), "0000:3b:00.4".parse().unwrap()).unwrap();
+        assert!(cx.rdma.as_deref().unwrap().starts_with("mlx5_"));
+        assert_eq!(cx.rdma_soft, None);
     }
 
     #[test]

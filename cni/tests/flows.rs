@@ -223,6 +223,7 @@ fn rollback_at_every_step() {
             Step::SetMtu => (Faults::fail_at("links.set_mtu", 0), false),
             Step::LinkUp => (Faults::fail_at("links.set_up", 0), false),
             Step::MoveRdma => (Faults::fail_at("rdma.move_device", 0), false),
+            Step::RecreateRdma => (Faults::fail_at("rdma.add_link", 0), false),
             Step::IpamAdd => (Faults::fail_at("ipam.add", 0), false),
             Step::Addresses => (Faults::fail_at("links.add_address", 0), false),
             Step::Routes => (Faults::fail_at("links.add_route", 0), false),
@@ -1642,4 +1643,250 @@ fn igb_refusals_roll_back_only_what_changed() {
             bed.state_files()
         );
     }
+}
+
+/// A bed with an igb PF (QEMU's 82576: VFs without an RDMA device of their
+/// own) whose VF 0 netdev `eth1v0` is a real veth in the host netns carrying
+/// a soft-RoCE device `rxe_vf0` (`rdma link add rxe_vf0 type rxe netdev
+/// eth1v0`), as in the VM tier. Returns the bed and the VF's PCI address.
+fn rxe_on_vf_bed() -> (TestBed, String) {
+    let mut bed = TestBed::new(0).unwrap();
+    bed.fixture
+        .add_pf(sriov_helpers::fixture::PfSpec::igb(
+            "0000:81:00.0",
+            "eth1",
+            Some(1),
+            1,
+        ))
+        .unwrap();
+    let pf = "0000:81:00.0".parse().unwrap();
+    let vf = bed.fixture.vf_address(&pf, 0).unwrap().to_string();
+    assert_eq!(
+        bed.fixture.add_rxe_on_vf("rxe_vf0", &pf, 0).unwrap(),
+        "eth1v0"
+    );
+    bed.host
+        .ip(&[
+            "link", "add", "eth1v0", "type", "veth", "peer", "name", "eth1p0",
+        ])
+        .unwrap();
+    (bed, vf)
+}
+
+fn rxe_kernel(bed: &TestBed, mode: RdmaNetnsMode) -> RecordingRdma {
+    RecordingRdma::new(Ok(mode))
+        .with_soft_device("rxe_vf0", 4, &bed.host.open().unwrap(), "eth1v0")
+        .unwrap()
+}
+
+/// Issue 25 2(c): the kernel deletes an rxe when its netdev leaves the netns.
+/// ADD of the VF makes it again over net1 from inside the pod netns (moved
+/// there when the kernel made it in the host netns), DEL makes it again on
+/// the host over the original netdev name; `rdma: auto` sees it as the VF's
+/// RDMA device. Before: ADD succeeded without RDMA and the rxe was gone.
+#[test]
+fn rxe_on_a_vf_is_made_again_in_the_pod_and_back_on_the_host() {
+    if skip_without_netns("rxe_on_a_vf_is_made_again_in_the_pod_and_back_on_the_host") {
+        return;
+    }
+    use kroce_cni::netlink::rdma::{RDMA_NLDEV_CMD_SET, new_link, nldev_type};
+    for (policy, made_on_host, mode) in [
+        (json!("auto"), false, RdmaNetnsMode::Exclusive),
+        (json!(true), true, RdmaNetnsMode::Exclusive),
+        (json!("auto"), false, RdmaNetnsMode::Shared),
+    ] {
+        let (bed, vf) = rxe_on_vf_bed();
+        let host_id = bed.host.open().unwrap().id();
+        let pod_id = bed.pod.open().unwrap().id();
+        let mut kit = bed.kit();
+        kit.rdma = rxe_kernel(&bed, mode);
+        if made_on_host {
+            kit.rdma.created_in = Some(host_id);
+        }
+        let host_before = bed.host.links().unwrap();
+        let cfg = bed.config(json!({"deviceID": vf, "rdma": policy}));
+        let r = bed.call(
+            &mut kit,
+            &Faults::none(),
+            &bed.env("ADD", "c1", "net1"),
+            &cfg,
+        );
+        assert!(
+            r.warnings.iter().all(|w| !w.contains("rxe_vf0")),
+            "{:?}",
+            r.warnings
+        );
+        r.ok().expect("ADD");
+        let want = if made_on_host { host_id } else { pod_id };
+        let made = kit.rdma.creations();
+        assert_eq!(made.len(), 1, "{policy}: {made:?}");
+        assert_eq!(
+            made[0].sent.payload,
+            new_link("rxe_vf0", "rxe", "net1").payload(),
+            "{policy}"
+        );
+        assert_eq!(
+            made[0].thread_netns, pod_id,
+            "sent from inside the pod netns"
+        );
+        assert!(made[0].errno.is_none(), "{made:?}");
+        let at = kit.rdma.netns_of("rxe_vf0");
+        if mode == RdmaNetnsMode::Exclusive {
+            assert_eq!(at, Some(pod_id), "{policy}: rxe_vf0 in the pod netns");
+        } else {
+            assert_eq!(at, Some(want), "{policy}: rxe_vf0 exists (shared mode)");
+        }
+        let moves = kit.rdma.moves().len();
+        assert_eq!(
+            moves,
+            usize::from(made_on_host),
+            "moved only when made on the host"
+        );
+        for _ in 0..2 {
+            let r = bed.call(
+                &mut kit,
+                &Faults::none(),
+                &bed.env("DEL", "c1", "net1"),
+                &cfg,
+            );
+            assert!(r.result.is_ok(), "DEL: {:?}", r.result.err());
+        }
+        assert_eq!(bed.host.links().unwrap(), host_before);
+        assert_eq!(
+            kit.rdma.netns_of("rxe_vf0"),
+            Some(host_id),
+            "{policy}: back on the host"
+        );
+        let made = kit.rdma.creations();
+        assert_eq!(made.len(), 2, "{made:?}");
+        assert_eq!(
+            made[1].sent.payload,
+            new_link("rxe_vf0", "rxe", "eth1v0").payload()
+        );
+        assert_eq!(made[1].thread_netns, host_id);
+        // Nothing moved the dead device back first.
+        assert_eq!(
+            kit.rdma
+                .calls
+                .iter()
+                .filter(|c| c.sent.msg_type == nldev_type(RDMA_NLDEV_CMD_SET))
+                .count(),
+            moves
+        );
+        assert!(bed.state_files().iter().all(|f| !f.contains("vf/")));
+    }
+}
+
+/// With `rdma: false` the kernel still deletes the rxe at the move: ADD says
+/// so, DEL makes it again on the host.
+#[test]
+fn rxe_on_a_vf_with_rdma_false_is_warned_and_made_again_at_del() {
+    if skip_without_netns("rxe_on_a_vf_with_rdma_false_is_warned_and_made_again_at_del") {
+        return;
+    }
+    let (bed, vf) = rxe_on_vf_bed();
+    let host_id = bed.host.open().unwrap().id();
+    let mut kit = bed.kit();
+    kit.rdma = rxe_kernel(&bed, RdmaNetnsMode::Exclusive);
+    let cfg = bed.config(json!({"deviceID": vf, "rdma": false}));
+    let r = bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    );
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("rxe_vf0") && w.contains(&vf)),
+        "{:?}",
+        r.warnings
+    );
+    r.ok().expect("ADD");
+    assert_eq!(kit.rdma.netns_of("rxe_vf0"), None);
+    let r = bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("DEL", "c1", "net1"),
+        &cfg,
+    );
+    assert!(r.result.is_ok(), "DEL: {:?}", r.result.err());
+    assert_eq!(kit.rdma.netns_of("rxe_vf0"), Some(host_id));
+}
+
+/// The recreate in the pod fails: ADD fails with code 103 naming the VF and
+/// the rxe and what to do; the rollback gives the VF back and makes the rxe
+/// again on the host.
+#[test]
+fn rxe_recreate_failure_rolls_back_and_restores_the_rxe_on_the_host() {
+    if skip_without_netns("rxe_recreate_failure_rolls_back_and_restores_the_rxe_on_the_host") {
+        return;
+    }
+    let (bed, vf) = rxe_on_vf_bed();
+    let host_id = bed.host.open().unwrap().id();
+    let mut kit = bed.kit();
+    kit.rdma = rxe_kernel(&bed, RdmaNetnsMode::Exclusive);
+    let host_before = bed.host.links().unwrap();
+    let cfg = bed.config(json!({"deviceID": vf, "rdma": "auto"}));
+    let faults = Faults::fail_at("rdma.add_link", 0);
+    let e = bed
+        .call(&mut kit, &faults, &bed.env("ADD", "c1", "net1"), &cfg)
+        .err();
+    assert!(faults.fired());
+    assert_eq!(e.code, code::RDMA, "{e}");
+    for part in [vf.as_str(), "rxe_vf0", "rdma: false"] {
+        assert!(e.msg.contains(part), "{part}: {e}");
+    }
+    assert_eq!(bed.host.links().unwrap(), host_before);
+    assert_eq!(kit.rdma.netns_of("rxe_vf0"), Some(host_id));
+    assert!(bed.state_files().iter().all(|f| !f.contains("vf/")));
+    assert!(bed.leases().is_empty());
+}
+
+/// Issue 25: a soft-device ADD moved the netdev of a VF whose claim was
+/// stale. The VF's claim (here from a pod whose netns died, the netdev back
+/// on the host) makes a soft-device ADD over that netdev refuse, before
+/// anything moves.
+#[test]
+fn soft_device_add_honours_the_vfs_claim() {
+    if skip_without_netns("soft_device_add_honours_the_vfs_claim") {
+        return;
+    }
+    let (mut bed, vf) = rxe_on_vf_bed();
+    let mut kit = bed.kit();
+    kit.rdma = RecordingRdma::new(Ok(RdmaNetnsMode::Exclusive));
+    let cfg = bed.config(json!({"deviceID": vf, "rdma": false}));
+    bed.call(
+        &mut kit,
+        &Faults::none(),
+        &bed.env("ADD", "c1", "net1"),
+        &cfg,
+    )
+    .ok()
+    .expect("ADD");
+    bed.pod
+        .ip(&[
+            "link",
+            "set",
+            "net1",
+            "netns",
+            &bed.host.name,
+            "name",
+            "eth1v0",
+        ])
+        .unwrap();
+    bed.pod.delete().unwrap();
+    let other =
+        NetnsGuard::create(&format!("kco{}", kroce_cni::testing::testbed::unique_tag())).unwrap();
+    let host_before = bed.host.links().unwrap();
+    let mut env = bed.env("ADD", "c2", "net1");
+    env.insert("CNI_NETNS".into(), other.path.display().to_string());
+    let soft = bed.config(json!({"deviceID": "rxe_vf0", "rdma": false}));
+    let e = bed.call(&mut kit, &Faults::none(), &env, &soft).err();
+    assert_eq!(e.code, code::TRY_AGAIN, "{e}");
+    for part in [vf.as_str(), "rxe_vf0", "eth1v0", "c1", "dead netns"] {
+        assert!(e.msg.contains(part), "{part}: {e}");
+    }
+    assert_eq!(bed.host.links().unwrap(), host_before, "nothing moved");
+    assert!(other.links().unwrap().iter().all(|l| l.name != "net1"));
 }

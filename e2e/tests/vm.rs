@@ -80,6 +80,8 @@ const REQUIRED: &[&str] = &[
     "cni-refused-link-state",
     "vf-mac-settable-after-refusals",
     "dp-rxe-on-vf-is-the-vfs-rdma-device",
+    "cni-rxe-on-vf-made-again-in-pod",
+    "cni-rxe-on-vf-back-on-host",
     "perftest-runner",
     "guest-finished",
 ];

@@ -216,6 +216,33 @@ rdma link delete rxe_vf1
 section "(d) ib_write_bw / ib_send_lat through kroce-perftest-run"
 rdma system set netns exclusive
 rdma system show
+
+# (c) An rxe on a VF: the kernel deletes it when the VF netdev leaves the
+# host netns; kroce-cni makes it again in the pod (same name, over net1) and,
+# at DEL, on the host over the VF netdev. rdma true: it must be found.
+section "(c) CNI ADD/DEL of a VF carrying an rxe"
+vfn1=$(vf_netdev 1)
+rdma link add rxe_vf1 type rxe netdev "$vfn1"
+ip netns add pod-x
+cfg_x=$(net_config "$(vf_pci 1)" '"rdma": true,')
+cni ADD c-px pod-x net1 "$cfg_x" >"$out/rxe-add.json" 2>&1
+rc=$?
+cat "$out/rxe-add.json"
+in_pod=$(ip netns exec pod-x rdma link show 2>&1 | tr '\n' ' ')
+on_host=$(rdma link show 2>&1 | tr '\n' ' ')
+echo "pod-x: $in_pod; host: $on_host"
+[ "$rc" = 0 ] && grep -q "rxe_vf1/1 .*netdev net1" <<<"$in_pod" && ! grep -q rxe_vf1 <<<"$on_host"
+check cni-rxe-on-vf-made-again-in-pod "$?" "ADD (rdma true) exit $rc; in pod-x: $in_pod; on the host: $on_host"
+cni DEL c-px pod-x net1 "$cfg_x" >"$out/rxe-del.json" 2>&1
+rc=$?
+cat "$out/rxe-del.json"
+vfn1_now=$(vf_netdev 1)
+on_host=$(rdma link show 2>&1 | tr '\n' ' ')
+[ "$rc" = 0 ] && [ "$vfn1_now" = "$vfn1" ] && grep -q "rxe_vf1/1 .*netdev $vfn1" <<<"$on_host" && [ -z "$(claims)" ]
+check cni-rxe-on-vf-back-on-host "$?" "DEL exit $rc; VF netdev $vfn1_now (was $vfn1); host: $on_host; claims: $(claims)"
+ip netns delete pod-x
+rdma link delete rxe_vf1
+
 ip netns add pod-a
 ip netns add pod-b
 cfg_a=$(net_config "$vf0" '"rdma": false,')

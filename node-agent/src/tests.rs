@@ -378,6 +378,7 @@ pub(super) fn cni_claim(rig: &Rig, vf: &str, ns: &str, pod: &str) {
             pf_ifname: "ens1f0".into(),
             netdev: Some("ens1f0v1".into()),
             rdma: None,
+            rdma_soft: None,
             driver: Some("mlx5_core".into()),
             pf_driver: None,
         }),

@@ -85,6 +85,9 @@ pub fn add(
             vf: vf.clone(),
             ..plan
         };
+        if let crate::vf::Target::Soft(soft) = &vf {
+            refuse_a_claimed_vfs_netdev(node, soft)?;
+        }
 
         let mut host = b
             .links
@@ -343,6 +346,11 @@ fn run_steps(
                     }
                 }
             }
+            Step::RecreateRdma => {
+                if let (Some(dev), Some(ty)) = (&run.plan.rdma_device, &run.plan.rdma_recreate) {
+                    recreate_in_pod(b, run.node, run.pod_ns, vf, dev, ty, &ifname)?;
+                }
+            }
             Step::IpamAdd => {
                 let plugin = run
                     .req
@@ -455,6 +463,84 @@ fn rollback(
             }),
             ..e
         }
+    }
+}
+
+/// A soft device over a VF's netdev: its netdev is the VF's, and a claim
+/// on the VF (live or stale) says the VF is someone's. Refused before
+/// anything moves; a stale claim is released by an ADD, DEL or GC of the VF.
+fn refuse_a_claimed_vfs_netdev(node: &Node, soft: &crate::vf::SoftTarget) -> Result<(), CniError> {
+    let Some(netdev) = &soft.netdev else {
+        return Ok(());
+    };
+    let Ok(pci) = crate::vf::netdev_pci(&node.host_root, netdev) else {
+        return Ok(());
+    };
+    if crate::vf::resolve(&node.host_root, pci).is_err() {
+        return Ok(()); // not a VF (a PF, a NIC without SR-IOV)
+    }
+    let key = crate::vf::DeviceKey::Pci(pci);
+    let held = match node.state.read_claim(&key) {
+        Ok(None) => return Ok(()),
+        Ok(Some(c)) => format!(
+            "held by container {} ({} in netns {}{})",
+            c.container_id,
+            c.ifname,
+            c.netns,
+            if crate::netns::is_alive(Path::new(&c.netns)) {
+                ""
+            } else {
+                ", a dead netns: DEL or GC of that attachment, or an ADD of the VF by its PCI address, releases it"
+            }
+        ),
+        Err(e) => format!("perhaps held: its claim cannot be read ({e})"),
+    };
+    Err(CniError::new(
+        code::TRY_AGAIN,
+        format!(
+            "soft RDMA device {}: its netdev {netdev} is VF {pci}'s, which is {held}; not moved. Attach the VF by its PCI address instead (deviceID {pci}: its {} follows it)",
+            soft.soft_rdma, soft.soft_rdma
+        ),
+    ))
+}
+
+/// Makes soft RDMA device `dev` (`ty`) again over the pod's netdev: the
+/// kernel deleted it when the VF's netdev left the host netns. NEWLINK is
+/// sent from inside the pod netns; a kernel that puts the new device in the
+/// host netns (exclusive mode) gets it moved into the pod.
+fn recreate_in_pod(
+    b: &mut Backends<'_>,
+    node: &Node,
+    pod_ns: &Netns,
+    vf: &crate::vf::Target,
+    dev: &str,
+    ty: &str,
+    ifname: &str,
+) -> Result<(), CniError> {
+    let fail = |e: String| {
+        CniError::new(
+            code::RDMA,
+            format!(
+                "{vf}: {ty} device {dev} (deleted by the kernel when the VF's netdev left the host netns) could not be made again over {ifname} in the pod netns: {e}; the VF is given back and {dev} made again on the host. Use `rdma: false` to attach the VF without RDMA, or check that the rdma_{ty} module is loaded and the RDMA netns mode (`rdma system`)"
+            ),
+        )
+    };
+    b.rdma
+        .add_link(pod_ns, dev, ty, ifname)
+        .map_err(|e| fail(e.to_string()))?;
+    if b.rdma
+        .present(pod_ns, dev)
+        .map_err(|e| fail(e.to_string()))?
+    {
+        return Ok(());
+    }
+    match b.rdma.move_device(dev, &node.host_netns, pod_ns) {
+        Ok(crate::rdma::Moved::Yes) => Ok(()),
+        Ok(crate::rdma::Moved::NotFound) => Err(fail(format!(
+            "made, but found neither in the pod netns nor in the host netns {}",
+            node.host_netns.path().display()
+        ))),
+        Err(e) => Err(fail(e.to_string())),
     }
 }
 

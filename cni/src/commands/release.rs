@@ -103,8 +103,14 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         log.info(&format!("netns {} is gone", claim.netns));
     }
 
-    // 1. The RDMA device, while its netns still exists.
-    if let (Some(dev), Some(ns)) = (&claim.planned.rdma_device, &pod_ns) {
+    // 1. The RDMA device, while its netns still exists. Not a soft device
+    //    over the VF's netdev: it dies with the netdev's move (made again
+    //    on the host in step 4b).
+    let soft = claim
+        .vf
+        .vf()
+        .and_then(|v| Some((v.rdma.as_ref()?, v.rdma_soft.as_ref()?)));
+    if let (Some(dev), Some(ns), None) = (&claim.planned.rdma_device, &pod_ns, soft) {
         match b.rdma.move_device(dev, ns, &node.host_netns) {
             Ok(Moved::Yes) => log.info(&format!("RDMA device {dev} back in the host netns")),
             Ok(Moved::NotFound) => log.info(&format!("RDMA device {dev} not in {}", claim.netns)),
@@ -207,6 +213,14 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         &mut errors,
     );
 
+    // 4b. A soft RDMA device that was over the VF's netdev: the kernel
+    //     deleted it when the netdev left (ADD) and again when it came
+    //     back; made again on the host under its name, over the netdev's
+    //     original name (unless it is there already: a repeated release).
+    if let Some((dev, ty)) = soft {
+        recreate_on_host(claim, node, b, host.as_mut(), dev, ty, log, &mut errors);
+    }
+
     // 5. The other PF-side settings, and the MAC as it was set: an admin MAC
     //    again only if it was one (non-zero and not the VF's own address);
     //    else the VF's own MAC set in step 4 is what the PF reports.
@@ -233,6 +247,52 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         }
     }
     errors
+}
+
+#[allow(clippy::too_many_arguments)]
+fn recreate_on_host(
+    claim: &Claim,
+    node: &Node,
+    b: &mut Backends<'_>,
+    host: &mut dyn Links,
+    dev: &str,
+    ty: &str,
+    log: &Logger,
+    errors: &mut Vec<String>,
+) {
+    let name = &claim.original.link.name;
+    match host.by_name(name) {
+        Ok(Some(l)) if is_our_link(&l, claim, Seen::Host(&node.host_root)) => {}
+        Ok(_) => {
+            log.info(&format!(
+                "{ty} device {dev} not made again: {} netdev {name} is not in the host netns",
+                claim.vf
+            ));
+            return;
+        }
+        Err(e) => {
+            note_or_error(errors, log, &e);
+            return;
+        }
+    }
+    match b.rdma.present(&node.host_netns, dev) {
+        Ok(true) => {
+            log.info(&format!("{ty} device {dev} is in the host netns"));
+            return;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            errors.push(e.to_string());
+            return;
+        }
+    }
+    match b.rdma.add_link(&node.host_netns, dev, ty, name) {
+        Ok(()) => log.info(&format!("{ty} device {dev} made again over {name}")),
+        Err(e) => errors.push(format!(
+            "{}: {ty} device {dev} not made again over {name} (`rdma link add {dev} type {ty} netdev {name}` does it by hand): {e}",
+            claim.vf
+        )),
+    }
 }
 
 /// The PF-side settings to put back: the original value of each planned

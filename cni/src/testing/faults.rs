@@ -263,6 +263,22 @@ impl RdmaControl for FaultyRdma<'_> {
         }
         self.inner.move_device(device, from, to)
     }
+    fn add_link(
+        &mut self,
+        ns: &Netns,
+        device: &str,
+        link_type: &str,
+        netdev: &str,
+    ) -> Result<(), RdmaError> {
+        if self.faults.hit("rdma.add_link") {
+            return Err(RdmaError::Netlink {
+                op: "create (injected)".into(),
+                device: device.into(),
+                source: NlError::Kernel(Errno::EIO),
+            });
+        }
+        self.inner.add_link(ns, device, link_type, netdev)
+    }
 }
 
 /// Fails `ipam.add` after the real delegate allocated: the worst case for

@@ -208,13 +208,24 @@ pub struct RdmaCall {
 ///   NET_NS_FD in this process's fd table (EBADF), refuses in shared mode
 ///   (EOPNOTSUPP) and, like `rdma_dev_change_netns(dev,
 ///   current->nsproxy->net_ns, net)`, answers ENODEV unless the sending
-///   thread is in the device's current netns.
-#[derive(Debug, Clone)]
+///   thread is in the device's current netns;
+/// - NEWLINK creates a soft device over a netdev of the socket's netns
+///   (ENODEV without one, ENFILE when the name is taken), in that netns or
+///   in [`RecordingRdma::created_in`];
+/// - a soft device is gone once its netdev left the netns it was in (the
+///   kernel unregisters an rxe at its netdev's NETDEV_UNREGISTER, which a
+///   netns move is): checked on every request, on the real links.
+#[derive(Debug)]
 pub struct RecordingRdma {
     /// `Err`: no RDMA stack (opening a socket fails with this message).
     pub mode: Result<RdmaNetnsMode, String>,
     /// name -> (device index, netns id)
     pub devices: BTreeMap<String, (u32, (u64, u64))>,
+    /// Soft devices: name -> (netdev name, netdev ifindex, the netdev's netns).
+    pub soft: BTreeMap<String, (String, u32, Netns)>,
+    /// Where NEWLINK puts a device: `None` the socket's netns, else this
+    /// netns (older kernels: init_net in exclusive mode).
+    pub created_in: Option<(u64, u64)>,
     pub sent: Vec<Sent>,
     pub calls: Vec<RdmaCall>,
 }
@@ -224,6 +235,8 @@ impl RecordingRdma {
         RecordingRdma {
             mode,
             devices: BTreeMap::new(),
+            soft: BTreeMap::new(),
+            created_in: None,
             sent: Vec::new(),
             calls: Vec::new(),
         }
@@ -235,8 +248,59 @@ impl RecordingRdma {
         self
     }
 
+    /// Puts soft device `name` (rxe, index `index`) over netdev `netdev`
+    /// of `ns` (a real link there).
+    pub fn with_soft_device(
+        mut self,
+        name: &str,
+        index: u32,
+        ns: &Netns,
+        netdev: &str,
+    ) -> std::io::Result<RecordingRdma> {
+        let ifindex =
+            ns.run_in(|| nix::net::if_::if_nametoindex(netdev).map_err(std::io::Error::from))?;
+        self.devices.insert(name.into(), (index, ns.id()));
+        let here = Netns::open(ns.path())?;
+        self.soft
+            .insert(name.into(), (netdev.into(), ifindex, here));
+        Ok(self)
+    }
+
+    /// Where `name` is now (`None`: no such device, or its netdev left).
     pub fn netns_of(&self, name: &str) -> Option<(u64, u64)> {
+        if self.soft.get(name).is_some_and(|s| !Self::netdev_there(s)) {
+            return None;
+        }
         self.devices.get(name).map(|d| d.1)
+    }
+
+    /// The soft device's netdev under its name and ifindex in its netns: a
+    /// move renames it (CNI_IFNAME) or takes it elsewhere.
+    fn netdev_there((netdev, ifindex, ns): &(String, u32, Netns)) -> bool {
+        ns.run_in(|| Ok(nix::net::if_::if_nametoindex(netdev.as_str()) == Ok(*ifindex)))
+            .unwrap_or(false)
+    }
+
+    /// The recorded creations (NEWLINK requests), answered or refused.
+    pub fn creations(&self) -> Vec<&RdmaCall> {
+        self.calls
+            .iter()
+            .filter(|c| c.sent.msg_type == rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_NEWLINK))
+            .collect()
+    }
+
+    /// Drops the soft devices whose netdev is no longer in its netns.
+    fn reap(&mut self) {
+        let gone: Vec<String> = self
+            .soft
+            .iter()
+            .filter(|(_, s)| !Self::netdev_there(s))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            self.soft.remove(&n);
+            self.devices.remove(&n);
+        }
     }
 
     /// The recorded moves (SET requests), answered or refused.
@@ -282,6 +346,50 @@ impl RecordingRdma {
                     r.payload().to_vec()
                 })
                 .collect());
+        }
+        if ty == rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_NEWLINK) {
+            let (mut name, mut link_type, mut netdev) = (None, None, None);
+            for (t, p) in crate::netlink::attrs(msg.payload()).flatten() {
+                match t {
+                    rmsgs::RDMA_NLDEV_ATTR_DEV_NAME => name = Some(crate::netlink::read_str(p)),
+                    rmsgs::RDMA_NLDEV_ATTR_LINK_TYPE => {
+                        link_type = Some(crate::netlink::read_str(p))
+                    }
+                    rmsgs::RDMA_NLDEV_ATTR_NDEV_NAME => netdev = Some(crate::netlink::read_str(p)),
+                    _ => {}
+                }
+            }
+            let (Some(name), Some(link_type), Some(netdev)) = (name, link_type, netdev) else {
+                return Err(Errno::EINVAL);
+            };
+            if link_type != "rxe" && link_type != "siw" {
+                return Err(Errno::EINVAL);
+            }
+            // dev_get_by_name(sock_net(skb->sk), ...): this thread is in the
+            // socket's netns (NetlinkRdma sends from there).
+            let here = Netns::current().map_err(|_| Errno::EINVAL)?;
+            if here.id() != socket_netns {
+                return Err(Errno::EINVAL);
+            }
+            let ifindex =
+                nix::net::if_::if_nametoindex(netdev.as_str()).map_err(|_| Errno::ENODEV)?;
+            if self
+                .soft
+                .values()
+                .any(|(_, i, ns)| *i == ifindex && ns.id() == socket_netns)
+            {
+                return Err(Errno::EEXIST);
+            }
+            if self.devices.contains_key(&name) {
+                return Err(Errno::ENFILE);
+            }
+            let index = self.devices.values().map(|d| d.0).max().unwrap_or(0) + 1;
+            let at = self.created_in.unwrap_or(socket_netns);
+            let own = Netns::open(std::path::Path::new("/proc/thread-self/ns/net"))
+                .map_err(|_| Errno::EINVAL)?;
+            self.devices.insert(name.clone(), (index, at));
+            self.soft.insert(name, (netdev, ifindex, own));
+            return Ok(Vec::new());
         }
         if ty != rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_SET) {
             return Err(Errno::EOPNOTSUPP);
@@ -329,6 +437,7 @@ struct RecordingRdmaSocket<'a> {
 impl RdmaSocket for RecordingRdmaSocket<'_> {
     fn request(&mut self, msg: &crate::netlink::MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
         let thread_netns = Netns::current().map_err(NlError::Socket)?.id();
+        self.kernel.reap();
         let mut device_netns = None;
         let r = self
             .kernel
@@ -370,5 +479,15 @@ impl RdmaControl for RecordingRdma {
 
     fn move_device(&mut self, device: &str, from: &Netns, to: &Netns) -> Result<Moved, RdmaError> {
         NetlinkRdma::with_sockets(None, self).move_device(device, from, to)
+    }
+
+    fn add_link(
+        &mut self,
+        ns: &Netns,
+        device: &str,
+        link_type: &str,
+        netdev: &str,
+    ) -> Result<(), RdmaError> {
+        NetlinkRdma::with_sockets(None, self).add_link(ns, device, link_type, netdev)
     }
 }
