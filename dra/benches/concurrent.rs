@@ -39,7 +39,9 @@ fn concurrent(c: &mut Criterion) {
         Some(d) => tempfile::Builder::new()
             .prefix("kroce-dra-bench-")
             .tempdir_in(d),
-        None => tempfile::Builder::new().prefix("kroce-dra-bench-").tempdir(),
+        None => tempfile::Builder::new()
+            .prefix("kroce-dra-bench-")
+            .tempdir(),
     }
     .expect("disk dir");
     let root = disk.path().to_path_buf();
@@ -76,7 +78,13 @@ fn concurrent(c: &mut Criterion) {
                 name: format!("bench-{i}"),
                 uid: format!("6c1d3e0a-0000-4000-8000-0000000001{i:02x}"),
             };
-            store.insert(allocated_claim(&c, DRIVER_NAME, "node-a", &[("vf", vf)], &[]));
+            store.insert(allocated_claim(
+                &c,
+                DRIVER_NAME,
+                "node-a",
+                &[("vf", vf)],
+                &[],
+            ));
             c
         })
         .collect();
@@ -106,8 +114,7 @@ fn concurrent(c: &mut Criterion) {
             for _ in 0..iters {
                 total += rt.block_on(async {
                     let t = Instant::now();
-                    let answers =
-                        join_all(claims.iter().map(|c| kubelet.prepare_claim(c))).await;
+                    let answers = join_all(claims.iter().map(|c| kubelet.prepare_claim(c))).await;
                     let took = t.elapsed();
                     for (c, a) in claims.iter().zip(answers) {
                         assert_eq!(a.unwrap().claims[&c.uid].error, "");
