@@ -773,3 +773,66 @@ async fn concurrent_prepares_share_checkpoint_writes() {
         "a failed claim came back"
     );
 }
+
+/// Issue 21: a host rescan stuck in sysfs (a read that does not return)
+/// does not stop the plugin answering the kubelet: scans run off the async
+/// workers. The plugin on a one-thread runtime, the worst case.
+#[test]
+fn a_stuck_host_scan_blocks_no_prepare() {
+    use std::io::Write;
+    let rig = PluginRig::new(NODE).unwrap();
+    let claim = vf_claim(
+        &rig,
+        "h",
+        "6c1d3e0a-0000-4000-8000-0000000003a1",
+        "vf-0000-3b-00-3",
+        &[],
+    );
+    let operstate = rig
+        .opts
+        .host_root
+        .sys()
+        .join("class/net/ens1f0v0/operstate");
+    let fifo = operstate.clone();
+    let (answered, answer) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let plugin_side = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (kubelet, plugin) = rig.registered().await.unwrap();
+            // Reading it blocks until someone writes it.
+            std::fs::remove_file(&fifo).unwrap();
+            let made = std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap();
+            assert!(made.success());
+            // Rescans run every 100 ms: one is stuck now.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let r = kubelet.prepare_claim(&claim).await.unwrap();
+            answered.send(r.claims[&claim.uid].error.clone()).unwrap();
+            let _ = released.recv();
+            plugin.stop().await;
+        });
+    });
+    let got = answer.recv_timeout(Duration::from_secs(10));
+    // Unstick the scan: a writer (O_RDWR never blocks on a FIFO), a
+    // regular file in its place for the next scans, then the data.
+    let mut w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&operstate)
+        .unwrap();
+    let tmp = operstate.with_extension("tmp");
+    std::fs::write(&tmp, "up\n").unwrap();
+    std::fs::rename(&tmp, &operstate).unwrap();
+    w.write_all(b"up\n").unwrap();
+    drop(w);
+    let _ = release.send(());
+    let got = got.expect("prepare answered while a host scan was stuck");
+    assert_eq!(got, "");
+    plugin_side.join().unwrap();
+}
