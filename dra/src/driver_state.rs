@@ -275,27 +275,43 @@ impl Inner {
         // hold up other claims.
         let rc = self.claims.get(claim).await?;
         let alloc = allocation_of(claim, &rc)?;
+        // Planned under the book's lock (two claims must never both get a
+        // device), on the blocking pool: it stats the host's device nodes.
         let plan = {
-            let mut b = lock(&self.book);
-            let mut taken = b.cp.devices();
-            for (uid, devices) in &b.reserved {
-                taken.extend(devices.iter().map(|d| (d.clone(), uid.clone())));
+            let book = self.book.clone();
+            let (c, node, inventory, paths) = (
+                claim.clone(),
+                self.node.clone(),
+                self.inventory(),
+                self.paths.clone(),
+            );
+            let planned = tokio::task::spawn_blocking(move || {
+                let mut b = lock(&book);
+                let mut taken = b.cp.devices();
+                for (uid, devices) in &b.reserved {
+                    taken.extend(devices.iter().map(|d| (d.clone(), uid.clone())));
+                }
+                let plan = prepare::plan(&c, &alloc, &node, &inventory, &taken, &paths)?;
+                let devices = plan.claim.devices.iter().map(|d| d.device.clone());
+                b.reserved.insert(c.uid.clone(), devices.collect());
+                Ok(plan)
+            })
+            .await;
+            match planned {
+                Ok(Ok(plan)) => plan,
+                Ok(Err(source)) => {
+                    return Err(PrepareError::Plan {
+                        claim: claim.to_string(),
+                        source,
+                    });
+                }
+                Err(e) => {
+                    return Err(PrepareError::Task {
+                        claim: claim.to_string(),
+                        message: e.to_string(),
+                    });
+                }
             }
-            let plan = prepare::plan(
-                claim,
-                &alloc,
-                &self.node,
-                &self.inventory(),
-                &taken,
-                &self.paths,
-            )
-            .map_err(|source| PrepareError::Plan {
-                claim: claim.to_string(),
-                source,
-            })?;
-            let devices = plan.claim.devices.iter().map(|d| d.device.clone());
-            b.reserved.insert(claim.uid.clone(), devices.collect());
-            plan
         };
         let writes = plan.writes;
         let written = tokio::task::spawn_blocking(move || write_all(&writes))
