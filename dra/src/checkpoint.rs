@@ -2,6 +2,9 @@
 //! written atomically after every change. A restarted plugin answers
 //! NodePrepareResources for a prepared claim with the same CDI IDs, and can
 //! still unprepare claims prepared before the restart.
+//!
+//! [`CheckpointStore`] is the narrow edge the driver state writes through:
+//! [`FileCheckpoint`] on a node, a counting or slow one in tests.
 
 use crate::prepare::PreparedClaim;
 use kroce_device_plugin::files::{self, FileError};
@@ -31,6 +34,46 @@ pub enum CheckpointError {
     Parse { path: PathBuf, message: String },
     #[error(transparent)]
     Write(#[from] FileError),
+    #[error("checkpoint {path}: the write was lost: {message}")]
+    Lost { path: PathBuf, message: String },
+}
+
+/// Where the checkpoint is kept. Both calls block (file I/O, fsync): the
+/// driver state calls them off the async workers.
+pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
+    /// The stored checkpoint; none yet is an empty one.
+    fn load(&self) -> Result<Checkpoint, CheckpointError>;
+    /// Replaces the stored checkpoint, durably (on disk when this returns),
+    /// all or nothing: a failed save leaves the previous one.
+    fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError>;
+    /// Named in errors.
+    fn path(&self) -> &Path;
+}
+
+/// The checkpoint file, written atomically and fsynced.
+#[derive(Debug, Clone)]
+pub struct FileCheckpoint {
+    path: PathBuf,
+}
+
+impl FileCheckpoint {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FileCheckpoint { path: path.into() }
+    }
+}
+
+impl CheckpointStore for FileCheckpoint {
+    fn load(&self) -> Result<Checkpoint, CheckpointError> {
+        Checkpoint::load(&self.path)
+    }
+
+    fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
+        cp.save(&self.path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 impl Checkpoint {

@@ -203,25 +203,23 @@ impl Reporter {
     /// file unreadable, an apply refused). Results of claims whose request
     /// is gone (unprepared) are not reported.
     pub async fn sync(&mut self) -> Vec<String> {
-        let mut errors = Vec::new();
-        let (requests, results) = match list(&self.dir) {
+        let dir = self.dir.clone();
+        // Directory listing and file reads on the blocking pool: a slow
+        // disk must not stall the async workers that answer the kubelet.
+        let read = tokio::task::spawn_blocking(move || read_results(&dir))
+            .await
+            .unwrap_or_else(|e| Err(format!("{}: {e}", self.dir.display())));
+        let (all, results) = match read {
             Ok(x) => x,
             Err(e) => return vec![e],
         };
-        self.reported.retain(|uid, _| results.contains_key(uid));
-        for (uid, path) in results {
-            if !requests.contains_key(&uid) {
-                continue;
-            }
-            let result: AttachResult = match std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-            {
+        let mut errors = Vec::new();
+        self.reported.retain(|uid, _| all.contains(uid));
+        for (uid, result) in results {
+            let result = match result {
                 Ok(r) => r,
-                // Gone meanwhile (released): nothing to report.
-                Err(_) if !path.exists() => continue,
                 Err(e) => {
-                    errors.push(format!("{}: {e}", path.display()));
+                    errors.push(e);
                     continue;
                 }
             };
@@ -262,6 +260,34 @@ impl Reporter {
 }
 
 type Files = BTreeMap<String, PathBuf>;
+
+/// What one pass reads (blocking): the UIDs of every result file, and the
+/// results of claims with a request (prepared here), each parsed or the
+/// error naming its file. A result gone meanwhile (released) is left out.
+type Read = (
+    std::collections::BTreeSet<String>,
+    Vec<(String, Result<AttachResult, String>)>,
+);
+
+fn read_results(dir: &Path) -> Result<Read, String> {
+    let (requests, results) = list(dir)?;
+    let all = results.keys().cloned().collect();
+    let mut out = Vec::new();
+    for (uid, path) in results {
+        if !requests.contains_key(&uid) {
+            continue;
+        }
+        match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(r) => out.push((uid, Ok(r))),
+            Err(_) if !path.exists() => {}
+            Err(e) => out.push((uid, Err(format!("{}: {e}", path.display())))),
+        }
+    }
+    Ok((all, out))
+}
 
 /// Request and result files of `dir` by claim UID; a missing dir is empty.
 fn list(dir: &Path) -> Result<(Files, Files), String> {

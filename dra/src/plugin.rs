@@ -157,8 +157,10 @@ impl Plugin {
             claims,
             opts.state_dir.join(checkpoint::FILE_NAME),
         )?);
-        let mut memory = Memory::default();
-        let facts = HostFacts::scan(&opts.host_root, &mut memory);
+        // A failed first scan publishes nothing; the rescan tick tries again.
+        let (facts, memory) = scan(&opts.host_root, Memory::default())
+            .await
+            .unwrap_or_default();
         let in_use = state.in_use().await;
         state.set_inventory(slice::devices_with(&facts, &in_use, &sharing.current()));
 
@@ -232,6 +234,21 @@ impl Plugin {
         self.stop.notify_one();
         let _ = self.task.await;
     }
+}
+
+/// [`HostFacts::scan`] on the blocking pool: a sysfs walk (thousands of
+/// reads on a big host) must not stall the async workers that answer the
+/// kubelet. `memory` goes in and comes back; `None`: the scan panicked
+/// (its memory is lost; nothing is published from it).
+async fn scan(root: &HostRoot, mut memory: Memory) -> Option<(HostFacts, Memory)> {
+    let root = root.clone();
+    tokio::task::spawn_blocking(move || {
+        let facts = HostFacts::scan(&root, &mut memory);
+        (facts, memory)
+    })
+    .await
+    .inspect_err(|e| tracing::error!(error = %e, "host scan failed"))
+    .ok()
 }
 
 type Binder = Box<dyn Fn(&Path) -> Result<Serving, UdsError> + Send + Sync>;
@@ -318,7 +335,10 @@ async fn run(
         if !rescan {
             continue;
         }
-        let facts = HostFacts::scan(&opts.host_root, &mut memory);
+        let Some((facts, m)) = scan(&opts.host_root, std::mem::take(&mut memory)).await else {
+            continue;
+        };
+        memory = m;
         for e in &facts.errors {
             tracing::debug!(error = %e, "host scan");
         }

@@ -6,6 +6,7 @@ use crate::api::{self, dra, registration};
 use crate::claims::ClaimRef;
 use crate::driver::DRIVER_NAME;
 use crate::driver_state::DriverState;
+use futures::future::join_all;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -95,16 +96,22 @@ fn claim_ref(c: dra::Claim) -> ClaimRef {
 
 #[tonic::async_trait]
 impl dra::dra_plugin_server::DraPlugin for DraService {
-    /// Claims one by one; a failed claim gets its error in its entry and
-    /// the others go on (the kubelet retries the failed ones).
+    /// The claims of one call run in parallel (their checkpoint changes
+    /// share a write); a failed claim gets its error in its entry and the
+    /// others go on (the kubelet retries the failed ones).
     async fn node_prepare_resources(
         &self,
         request: Request<dra::NodePrepareResourcesRequest>,
     ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
+        let claims = request.into_inner().claims.into_iter().map(claim_ref);
+        let answers = join_all(claims.map(|claim| async move {
+            let r = self.state.prepare(&claim).await;
+            (claim, r)
+        }))
+        .await;
         let mut out = dra::NodePrepareResourcesResponse::default();
-        for c in request.into_inner().claims {
-            let claim = claim_ref(c);
-            let entry = match self.state.prepare(&claim).await {
+        for (claim, r) in answers {
+            let entry = match r {
                 Ok(devices) => {
                     let names: Vec<String> = devices
                         .iter()
@@ -141,10 +148,15 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<dra::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request.into_inner().claims.into_iter().map(claim_ref);
+        let answers = join_all(claims.map(|claim| async move {
+            let r = self.state.unprepare(&claim).await;
+            (claim, r)
+        }))
+        .await;
         let mut out = dra::NodeUnprepareResourcesResponse::default();
-        for c in request.into_inner().claims {
-            let claim = claim_ref(c);
-            let error = match self.state.unprepare(&claim).await {
+        for (claim, r) in answers {
+            let error = match r {
                 Ok(()) => {
                     tracing::info!(claim = %claim, "unprepared");
                     String::new()

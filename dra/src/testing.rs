@@ -10,6 +10,9 @@
 //! NotifyRegistrationStatus; a socket that goes away is deregistered.
 //! Prepare and unprepare go over the endpoint's unix socket.
 //!
+//! [`SlowCheckpoint`] is a checkpoint store in memory that counts its
+//! writes and takes as long as a slow disk's fsync.
+//!
 //! [`PluginRig`] is the node the plugin tests share: a fixture host, the
 //! plugin's options into a scratch dir, the claim store and the publisher.
 
@@ -41,6 +44,61 @@ use tonic::transport::Channel;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A checkpoint store in memory: every save takes `delay` (a slow disk's
+/// write + fsync, on the blocking pool like the file's) and is recorded.
+#[derive(Debug, Default)]
+pub struct SlowCheckpoint {
+    delay: Duration,
+    saved: Mutex<Vec<crate::checkpoint::Checkpoint>>,
+    failing: Mutex<bool>,
+    path: PathBuf,
+}
+
+impl SlowCheckpoint {
+    pub fn new(delay: Duration) -> Self {
+        SlowCheckpoint {
+            delay,
+            path: PathBuf::from("slow-checkpoint"),
+            ..Default::default()
+        }
+    }
+
+    /// Every checkpoint saved so far, oldest first.
+    pub fn saved(&self) -> Vec<crate::checkpoint::Checkpoint> {
+        lock(&self.saved).clone()
+    }
+
+    /// Saves fail (after the delay) until set back.
+    pub fn set_failing(&self, fail: bool) {
+        *lock(&self.failing) = fail;
+    }
+}
+
+impl crate::checkpoint::CheckpointStore for SlowCheckpoint {
+    fn load(&self) -> Result<crate::checkpoint::Checkpoint, crate::checkpoint::CheckpointError> {
+        Ok(lock(&self.saved).last().cloned().unwrap_or_default())
+    }
+
+    fn save(
+        &self,
+        cp: &crate::checkpoint::Checkpoint,
+    ) -> Result<(), crate::checkpoint::CheckpointError> {
+        std::thread::sleep(self.delay);
+        if *lock(&self.failing) {
+            return Err(crate::checkpoint::CheckpointError::Lost {
+                path: self.path.clone(),
+                message: "disk full (test)".into(),
+            });
+        }
+        lock(&self.saved).push(cp.clone());
+        Ok(())
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 /// Claims as the API server would return them.

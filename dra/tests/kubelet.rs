@@ -674,3 +674,165 @@ async fn info_logs_show_start_registration_prepare_and_unprepare() {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
 }
+
+/// Issue 21: prepares of different claims run in parallel and share
+/// checkpoint writes (group commit). None answers before a stored
+/// checkpoint has its claim; a failed write fails every prepare in it
+/// (files removed) and no later write carries them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_prepares_share_checkpoint_writes() {
+    use futures::future::join_all;
+    use kroce_device_plugin::inventory::{DeviceKind, Memory};
+    use kroce_dra::driver_state::DriverState;
+    use kroce_dra::facts::HostFacts;
+    use kroce_dra::testing::SlowCheckpoint;
+    use std::sync::Arc;
+
+    const SAVE: Duration = Duration::from_millis(200);
+    let rig = PluginRig::new(NODE).unwrap();
+    let store = Arc::new(SlowCheckpoint::new(SAVE));
+    let state = DriverState::with_store(
+        NODE,
+        rig.opts.paths.clone(),
+        rig.claims.clone(),
+        store.clone(),
+    )
+    .unwrap();
+    let facts = HostFacts::scan(&rig.opts.host_root, &mut Memory::default());
+    let published = kroce_dra::slice::devices(&facts, &Default::default());
+    let vfs: Vec<String> = published
+        .iter()
+        .filter(|p| p.candidate.kind == DeviceKind::Vf && p.shared_slot.is_none())
+        .map(|p| p.device.name.clone())
+        .take(16)
+        .collect();
+    assert_eq!(vfs.len(), 16);
+    state.set_inventory(published);
+    let claims: Vec<ClaimRef> = vfs
+        .iter()
+        .enumerate()
+        .map(|(i, vf)| {
+            let uid = format!("6c1d3e0a-0000-4000-8000-0000000002{i:02x}");
+            vf_claim(&rig, &format!("p{i}"), &uid, vf, &[])
+        })
+        .collect();
+
+    let started = std::time::Instant::now();
+    let answers = join_all(claims.iter().map(|c| {
+        let (state, store) = (&state, &store);
+        async move {
+            let r = state.prepare(c).await;
+            let stored = store
+                .saved()
+                .iter()
+                .any(|cp| cp.claims.contains_key(&c.uid));
+            (r, stored)
+        }
+    }))
+    .await;
+    let took = started.elapsed();
+    for (c, (r, stored)) in claims.iter().zip(answers) {
+        r.unwrap();
+        assert!(stored, "{} answered before a checkpoint had it", c.name);
+    }
+    let writes = store.saved().len();
+    // The first prepare's write, then one for all that queued behind it
+    // (slack for a loaded machine); one write each would be 16.
+    assert!(writes <= 4, "16 prepares, {writes} checkpoint writes");
+    assert!(
+        took < SAVE * 8,
+        "16 prepares took {took:?} with {SAVE:?} per checkpoint write: serialised"
+    );
+    assert_eq!(store.saved().last().unwrap().claims.len(), 16);
+    assert_eq!(outputs(&rig).len(), 16 * 2, "a CDI spec and a devinfo each");
+
+    // Unprepares share writes too.
+    let before = store.saved().len();
+    for r in join_all(claims.iter().map(|c| state.unprepare(c))).await {
+        r.unwrap();
+    }
+    assert!(store.saved().len() - before <= 4, "{}", store.saved().len());
+    assert!(store.saved().last().unwrap().claims.is_empty());
+    assert!(outputs(&rig).is_empty(), "{:?}", outputs(&rig));
+
+    // A failed write: every prepare in it fails with its files removed.
+    store.set_failing(true);
+    for r in join_all(claims[..4].iter().map(|c| state.prepare(c))).await {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("prepared files removed again"), "{e}");
+    }
+    assert!(state.prepared_claims().await.is_empty());
+    assert!(outputs(&rig).is_empty(), "{:?}", outputs(&rig));
+    // The next write carries only the claim it is for.
+    store.set_failing(false);
+    state.prepare(&claims[5]).await.unwrap();
+    let last = store.saved().last().unwrap().clone();
+    assert_eq!(
+        last.claims.keys().collect::<Vec<_>>(),
+        [&claims[5].uid],
+        "a failed claim came back"
+    );
+}
+
+/// Issue 21: a host rescan stuck in sysfs (a read that does not return)
+/// does not stop the plugin answering the kubelet: scans run off the async
+/// workers. The plugin on a one-thread runtime, the worst case.
+#[test]
+fn a_stuck_host_scan_blocks_no_prepare() {
+    use std::io::Write;
+    let rig = PluginRig::new(NODE).unwrap();
+    let claim = vf_claim(
+        &rig,
+        "h",
+        "6c1d3e0a-0000-4000-8000-0000000003a1",
+        "vf-0000-3b-00-3",
+        &[],
+    );
+    let operstate = rig
+        .opts
+        .host_root
+        .sys()
+        .join("class/net/ens1f0v0/operstate");
+    let fifo = operstate.clone();
+    let (answered, answer) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let plugin_side = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (kubelet, plugin) = rig.registered().await.unwrap();
+            // Reading it blocks until someone writes it.
+            std::fs::remove_file(&fifo).unwrap();
+            let made = std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap();
+            assert!(made.success());
+            // Rescans run every 100 ms: one is stuck now.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let r = kubelet.prepare_claim(&claim).await.unwrap();
+            answered.send(r.claims[&claim.uid].error.clone()).unwrap();
+            let _ = released.recv();
+            plugin.stop().await;
+        });
+    });
+    let got = answer.recv_timeout(Duration::from_secs(10));
+    // Unstick the scan: a writer (O_RDWR never blocks on a FIFO), a
+    // regular file in its place for the next scans, then the data.
+    let mut w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&operstate)
+        .unwrap();
+    let tmp = operstate.with_extension("tmp");
+    std::fs::write(&tmp, "up\n").unwrap();
+    std::fs::rename(&tmp, &operstate).unwrap();
+    w.write_all(b"up\n").unwrap();
+    drop(w);
+    let _ = release.send(());
+    let got = got.expect("prepare answered while a host scan was stuck");
+    assert_eq!(got, "");
+    plugin_side.join().unwrap();
+}
