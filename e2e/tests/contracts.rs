@@ -171,8 +171,9 @@ fn cni_memlock_requests_are_what_the_nri_plugin_reads() {
     );
 }
 
-/// The memlock property's `pattern` in the generated CRD file, as the API
-/// server applies it.
+/// The memlock property's pattern in the generated CRD file, as the API
+/// server applies it: the regex of its CEL rule (`self.matches('...')`,
+/// which carries a readable message where a schema `pattern` could not).
 fn crd_memlock_pattern() -> regex::Regex {
     let path = repo().join("charts/kroce/crds/kroce.io_crds.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
@@ -186,13 +187,17 @@ fn crd_memlock_pattern() -> regex::Regex {
             continue;
         }
         for v in crd["spec"]["versions"].as_array().unwrap() {
-            let p = &v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["memlock"]
-                ["pattern"];
-            patterns.push(
-                p.as_str()
-                    .unwrap_or_else(|| panic!("no memlock pattern in {v}"))
-                    .to_owned(),
-            );
+            let memlock =
+                &v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["memlock"];
+            let rules = memlock["x-kubernetes-validations"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no memlock rules in {memlock}"));
+            for r in rules {
+                let rule = r["rule"].as_str().unwrap();
+                if let Some(rest) = rule.strip_prefix("self.matches('") {
+                    patterns.push(rest.strip_suffix("')").unwrap().to_owned());
+                }
+            }
         }
     }
     assert_eq!(patterns.len(), 1, "{}: {patterns:?}", path.display());

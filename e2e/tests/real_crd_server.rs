@@ -861,11 +861,12 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
         checks: None,
         checks_timeout: Duration::from_secs(60),
         heartbeat: Duration::from_secs(300),
-        // No kroce-cni claims nor DRA checkpoint on this fixture host.
+        // kroce-cni's state dir is required but missing (a missing mount):
+        // the agent cannot know who holds the fixture's VFs.
         holders: HolderSources {
             cni_state_dir: path.join("var/lib/cni/kroce"),
             dra_checkpoint: path.join("var/lib/kroce/dra/checkpoint.json"),
-            cni_state_required: false,
+            cni_state_required: true,
         },
         irq_recheck: Duration::from_secs(10),
         progress_after: Duration::from_secs(2),
@@ -915,9 +916,9 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
         .iter()
         .find(|p| p.pci_address == "0000:3b:00.0")
         .unwrap();
-    // This server has no Pods: the agent cannot see who holds the fixture's
-    // 8 VFs, so it counts every one as held and does not cut 8 to 4 (as
-    // designed), and says so through the real server.
+    // The CNI state dir is missing: the agent cannot see who holds the
+    // fixture's 8 VFs, so it counts every one as held and does not cut 8 to
+    // 4 (as designed), and says so through the real server.
     assert_eq!(pf.num_vfs, 8, "{st:?}");
     assert!(!st.held_vfs.is_empty(), "{st:?}");
     assert!(
