@@ -68,6 +68,7 @@ const REQUIRED: &[&str] = &[
     "igb-pf",
     "agent-apply-vfs",
     "agent-pf-irqs-numa-local",
+    "agent-vf-irqs-pinned-when-open",
     "vfs-created",
     "cni-add",
     "cni-add-in-pod",

@@ -99,7 +99,8 @@ vf_irqs="$(irq_report "$(vf_pci 0)")$(irq_report "$(vf_pci 1)")"
 echo "VF IRQs (VF netdevs down): $vf_irqs"
 if grep -q absent <<<"$vf_irqs"; then
   # igbvf requests its MSI-X vectors only when the netdev opens: an agent
-  # run with the VFs down has nothing to pin (known, fixed elsewhere).
+  # run with the VFs down has nothing to pin yet (reported as IrqsPending;
+  # pinned by a later pass: check agent-vf-irqs-pinned-when-open below).
   echo "KNOWN agent-vf-irqs-numa-local VF IRQs not requested while the VFs are down: $vf_irqs" | tee -a "$out/checks"
 else
   within "$local_cpus" "$vf_irqs"
@@ -158,6 +159,19 @@ for w in '"vlan":100' '"qos":3' '"0a:55:c2:28:c8:90"' '"trust":true' '"spoofchk"
 done
 [ -z "$missing" ]
 check cni-add-pf-side "$?" "PF side after ADD (vlan 100 qos 3, MAC, trust on, spoofchk off, max_tx_rate 100); missing:${missing:- none}"
+# (a) again: VF 0's netdev is now open (net1 in the pod), so igbvf has
+# requested its MSI-X vectors; the agent's next pass pins them NUMA-local,
+# and reports VF 1's (still down) as pending, not as kept.
+"$bin/kroce-node-agent" apply --spec-file /tmp/node-state.json --vf-wait-seconds 60 --state-dir /run/kroce-node-agent >"$out/node-agent-2.json" 2>"$out/node-agent-2.err"
+vf0_irqs=$(irq_report "$(vf_pci 0)")
+echo "VF 0 IRQs (net1 up in the pod): $vf0_irqs"
+pending=$(python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+c = [c for c in s.get("conditions", []) if c["type"] == "IrqsPending"]
+print(c[0]["status"] if c else "none")' "$out/node-agent-2.json" 2>/dev/null)
+! grep -q absent <<<"$vf0_irqs" && within "$local_cpus" "$vf0_irqs" && [ "$pending" = True ]
+check agent-vf-irqs-pinned-when-open "$?" "VF 0 IRQs on CPUs $local_cpus once open: $vf0_irqs; IrqsPending (VF 1 down): $pending"
 res=$(cni DEL c-a pod-a net1 "$cfg"); rc=$?
 echo "DEL: $res"
 check cni-del-with-mac "$rc" "DEL exit $rc $res"
