@@ -16,6 +16,34 @@ pub const CONFIG_API_VERSION: &str = "rdma.kroce.io/v1alpha1";
 /// `kind` of the driver's opaque parameters.
 pub const CONFIG_KIND: &str = "RdmaConfig";
 
+/// Longest `Device.name` in a ResourceSlice (a DNS label).
+pub const MAX_DEVICE_NAME: usize = 63;
+
+/// A device's name in the driver's ResourceSlices: `<prefix>-<raw>`,
+/// lower-case letters, digits and `-`, ending alphanumeric, at most 63
+/// (`vf` + `0000:3b:00.2` -> `vf-0000-3b-00-2`). The DRA plugin names
+/// devices with it; the node agent finds a VF's device in the plugin's
+/// checkpoint with it.
+pub fn device_name(prefix: &str, raw: &str) -> String {
+    let mut s: String = format!("{prefix}-{raw}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s.truncate(MAX_DEVICE_NAME);
+    s.trim_end_matches('-').to_string()
+}
+
+/// The device name of the VF at PCI address `pci`.
+pub fn vf_device_name(pci: &str) -> String {
+    device_name("vf", pci)
+}
+
 /// The claim env's name before the claim UID: the CDI spec of a prepared
 /// claim sets `KROCE_DRA_CLAIM_<UID>=<namespace>/<name>` in every
 /// container that holds the claim.

@@ -45,8 +45,6 @@ pub const UNHEALTHY_TAINT: &str = "rdma.kroce.io/unhealthy";
 pub const DEVICES_PER_SLICE: usize = 64;
 /// Label naming the node on every slice the plugin writes (how it finds its own).
 pub const NODE_LABEL: &str = "rdma.kroce.io/node";
-/// DNS label length limit.
-const MAX_NAME: usize = 63;
 
 /// Attribute saying whether a device is a shared-HCA slot.
 pub const SHARED_ATTRIBUTE: &str = "shared";
@@ -183,21 +181,10 @@ fn push_slots(
     }
 }
 
-/// Lower-case letters, digits and `-`, starting and ending alphanumeric,
-/// at most 63: what `Device.name` accepts.
+/// A device name (`kroce_contracts::dra::device_name`: the node agent reads
+/// the same names from the checkpoint).
 pub fn dns_label(prefix: &str, raw: &str) -> String {
-    let mut s: String = format!("{prefix}-{raw}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    s.truncate(MAX_NAME);
-    s.trim_end_matches('-').to_string()
+    kroce_contracts::dra::device_name(prefix, raw)
 }
 
 /// The device name of a candidate, `None` for what DRA does not publish

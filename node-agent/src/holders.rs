@@ -118,21 +118,8 @@ struct DraConfig {
 
 const DRA_CHECKPOINT_VERSION: u32 = 1;
 
-/// The DRA device name of a VF (`dra/src/slice.rs` `dns_label("vf", pci)`):
-/// `0000:3b:00.2` -> `vf-0000-3b-00-2`.
-pub fn dra_vf_device_name(pci: &str) -> String {
-    let s: String = format!("vf-{pci}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    s.trim_end_matches('-').to_string()
-}
+/// The DRA device name of a VF, as the DRA plugin names it.
+pub use kroce_contracts::dra::vf_device_name as dra_vf_device_name;
 
 /// `namespace/name` from the runtime's `CNI_ARGS`
 /// (`K8S_POD_NAMESPACE=..;K8S_POD_NAME=..`).
