@@ -43,7 +43,7 @@ check values-kind
 # install would fail on it); with it, it is rendered.
 check values-production
 render values-production-monitoring --values "$chart/examples/values-production.yaml" \
-  --api-versions monitoring.coreos.com/v1/ServiceMonitor
+  --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor
 check values-production-monitoring --servicemonitor
 render serviceMonitor-without-api --set serviceMonitor.enabled=true
 check serviceMonitor-without-api

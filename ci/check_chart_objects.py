@@ -455,6 +455,23 @@ def main():
     if not a.servicemonitor and sm:
         errors.append("ServiceMonitor rendered although monitoring.coreos.com/v1/ServiceMonitor is not served")
 
+    # The node agent's counters (the alert rules' data): a PodMonitor on its
+    # named metrics port whenever the ServiceMonitor is rendered.
+    pm = [o for o in objs if o["kind"] == "PodMonitor"]
+    if a.servicemonitor and not pm:
+        errors.append("PodMonitor for the node agent expected with the ServiceMonitor but not rendered")
+    if not a.servicemonitor and pm:
+        errors.append("PodMonitor rendered although monitoring.coreos.com/v1 is not served")
+    for o in pm:
+        sel = o["spec"]["selector"]["matchLabels"]
+        ports = [p.get("port") for p in o["spec"]["podMetricsEndpoints"]]
+        ds = [d for d in objs if d["kind"] == "DaemonSet"
+              and all(d["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        named = {p.get("name") for d in ds for c in d["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        if not ds or not set(ports) <= named:
+            errors.append(f"PodMonitor {o['metadata']['name']} selects no DaemonSet with ports {ports}")
+
     for e in errors:
         print(f"{a.file}: {e}")
     if not errors:

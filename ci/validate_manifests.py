@@ -29,6 +29,14 @@ THIRD_PARTY = {
                 "type": "object", "properties": {"port": {"type": "string"},
                                                   "interval": {"type": "string"}}}}}}},
     },
+    ("monitoring.coreos.com/v1", "PodMonitor"): {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {"spec": {"type": "object", "required": ["selector", "podMetricsEndpoints"],
+            "properties": {"podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "properties": {"port": {"type": "string"},
+                                                  "interval": {"type": "string"}}}}}}},
+    },
     # The Prometheus Operator's PrometheusRule, the fields it defines that we use.
     ("monitoring.coreos.com/v1", "PrometheusRule"): {
         "type": "object",
