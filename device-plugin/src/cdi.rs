@@ -62,23 +62,26 @@ pub fn device_nodes_on(c: &Candidate, dev_infiniband: &Path) -> Vec<DeviceNode> 
     device_nodes(c)
         .into_iter()
         .map(|n| {
-            let name = n
-                .container_path
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            let meta = std::fs::metadata(dev_infiniband.join(&name)).ok();
-            DeviceNode {
-                path: n.container_path,
-                host_path: n.host_path,
-                permissions: n.permissions,
-                file_mode: meta.as_ref().map(|m| m.mode() & 0o777),
-                uid: meta.as_ref().map(MetadataExt::uid),
-                gid: meta.as_ref().map(MetadataExt::gid),
-            }
+            let name = n.container_path.rsplit('/').next().unwrap_or_default();
+            let meta = std::fs::metadata(dev_infiniband.join(name)).ok();
+            DeviceNode::new(n, meta.as_ref())
         })
         .collect()
+}
+
+impl DeviceNode {
+    /// The CDI entry of one device node; mode and owner from the host
+    /// node's `meta` when it was read.
+    pub fn new(n: crate::allocation::DeviceNode, meta: Option<&std::fs::Metadata>) -> Self {
+        DeviceNode {
+            path: n.container_path,
+            host_path: n.host_path,
+            permissions: n.permissions,
+            file_mode: meta.map(|m| m.mode() & 0o777),
+            uid: meta.map(MetadataExt::uid),
+            gid: meta.map(MetadataExt::gid),
+        }
+    }
 }
 
 /// A CDI device name for a device ID. CDI names allow letters, digits,
@@ -112,14 +115,7 @@ pub fn spec_for_pool(pool: &PoolSnapshot) -> Option<Spec> {
     spec_with(pool, |c| {
         device_nodes(c)
             .into_iter()
-            .map(|n| DeviceNode {
-                path: n.container_path,
-                host_path: n.host_path,
-                permissions: n.permissions,
-                file_mode: None,
-                uid: None,
-                gid: None,
-            })
+            .map(|n| DeviceNode::new(n, None))
             .collect()
     })
 }

@@ -242,17 +242,7 @@ fn cdi_device(claim: &ClaimRef, device: &str, c: &Candidate, paths: &Paths) -> C
             env,
             device_nodes: match &paths.dev_infiniband {
                 Some(dir) => kroce_device_plugin::cdi::device_nodes_on(c, dir),
-                None => nodes
-                    .into_iter()
-                    .map(|n| CdiNode {
-                        path: n.container_path,
-                        host_path: n.host_path,
-                        permissions: n.permissions,
-                        file_mode: None,
-                        uid: None,
-                        gid: None,
-                    })
-                    .collect(),
+                None => nodes.into_iter().map(|n| CdiNode::new(n, None)).collect(),
             },
         },
     }
