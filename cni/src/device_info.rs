@@ -1,7 +1,7 @@
 //! device-info-spec 1.1.0 files (`runtimeConfig.CNIDeviceInfoFile`): the
 //! device plugin's record of which PCI function a pod got.
 
-use serde_json::Value;
+use kroce_contracts::device_info::MAX_SIZE;
 use sriov_helpers::PciAddress;
 use std::path::Path;
 
@@ -13,39 +13,24 @@ pub struct DeviceInfo {
     pub rdma_device: Option<String>,
 }
 
-/// Parses the file's JSON. Errors name the field and value.
+/// Parses the file's JSON ([`kroce_contracts::device_info`], the format the
+/// device plugin and the DRA plugin write). Errors name the field and value.
 pub fn parse(bytes: &[u8]) -> Result<DeviceInfo, String> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    let ty = v.get("type").and_then(Value::as_str).unwrap_or_default();
-    if ty != "pci" {
-        return Err(format!("type {ty:?} is not \"pci\""));
-    }
-    let version = v.get("version").and_then(Value::as_str).unwrap_or_default();
-    if !version.starts_with("1.") {
-        return Err(format!(
-            "version {version:?} is not a 1.x device-info-spec version"
-        ));
-    }
-    let pci = v.get("pci").ok_or("the \"pci\" object is missing")?;
-    let addr = |k: &str| -> Result<Option<PciAddress>, String> {
-        match pci.get(k).and_then(Value::as_str) {
-            None | Some("") => Ok(None),
-            Some(s) => s.parse().map(Some).map_err(|e| format!("pci.{k}: {e}")),
-        }
+    let d = kroce_contracts::device_info::parse(bytes).map_err(|e| e.to_string())?;
+    let addr = |k: &str, s: &str| -> Result<PciAddress, String> {
+        s.parse().map_err(|e| format!("pci.{k}: {e}"))
     };
     Ok(DeviceInfo {
-        pci_address: addr("pci-address")?.ok_or("pci.pci-address is missing")?,
-        pf_pci_address: addr("pf-pci-address")?,
-        rdma_device: pci
-            .get("rdma-device")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string),
+        pci_address: addr("pci-address", &d.pci.pci_address)?,
+        pf_pci_address: d
+            .pci
+            .pf_pci_address
+            .as_deref()
+            .map(|p| addr("pf-pci-address", p))
+            .transpose()?,
+        rdma_device: d.pci.rdma_device,
     })
 }
-
-/// Biggest device-info file read (the spec's are a few hundred bytes).
-const MAX_SIZE: u64 = 64 * 1024;
 
 /// Reads and parses a device-info file. The path comes with the config
 /// (`runtimeConfig`), so only a regular file of at most 64 KiB is read: a

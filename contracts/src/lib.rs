@@ -2,12 +2,15 @@
 //!
 //! A value one component writes and another reads (a memlock size in a CRD,
 //! a pool config, a CNI config and an annotation; annotation names; the
-//! memlock request file; the DRA driver's name and claim env; default
+//! memlock request file; device-info files and the device facts a pod reads
+//! from its env; the DRA driver's name and claim env; default
 //! paths; resource names; what `--log-level` means) lives here, so the
 //! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
 pub mod cni_env;
+pub mod device_facts;
+pub mod device_info;
 pub mod dra;
 pub mod log;
 pub mod memlock;

@@ -12,6 +12,7 @@ use crate::cdi;
 use crate::device_info::{self, DeviceInfo};
 use crate::inventory::Candidate;
 use crate::snapshot::PoolSnapshot;
+use kroce_contracts::device_facts::DeviceFacts;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -73,24 +74,21 @@ pub fn device_nodes(c: &Candidate) -> Vec<DeviceNode> {
         .collect()
 }
 
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct InfoEntry<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pci_address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pf_pci_address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rdma_device: Option<&'a str>,
-    char_devices: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    netdev: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    numa_node: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    roce_v2_gid_index: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    roce_v2_gid_ipv4: Option<String>,
+/// The facts a pod reads about one device from its env (the device
+/// plugin's `PCIDEVICE_<RES>_INFO` and the DRA plugin's
+/// `KROCE_DRA_<DEV>_INFO`): one function, so both front ends say the same.
+pub fn device_facts(c: &Candidate, nodes: &[DeviceNode]) -> DeviceFacts {
+    let gid = c.rdma.as_ref().and_then(|r| r.roce_v2_gid);
+    DeviceFacts {
+        pci_address: c.pci.map(|p| p.to_string()),
+        pf_pci_address: c.pf.filter(|pf| Some(*pf) != c.pci).map(|p| p.to_string()),
+        rdma_device: c.rdma.as_ref().map(|r| r.name.clone()),
+        char_devices: nodes.iter().map(|n| n.container_path.clone()).collect(),
+        netdev: c.netdev.as_ref().map(|n| n.name.clone()),
+        numa_node: c.numa,
+        roce_v2_gid_index: gid.map(|g| g.0),
+        roce_v2_gid_ipv4: gid.map(|g| g.1.to_string()),
+    }
 }
 
 /// Validates every requested ID (known and healthy) and builds the
@@ -137,20 +135,7 @@ pub fn allocate(
         {
             pci.push(p);
         }
-        let gid = c.rdma.as_ref().and_then(|r| r.roce_v2_gid);
-        info.insert(
-            d.id.clone(),
-            InfoEntry {
-                pci_address: c.pci.map(|p| p.to_string()),
-                pf_pci_address: c.pf.filter(|pf| Some(*pf) != c.pci).map(|p| p.to_string()),
-                rdma_device: c.rdma.as_ref().map(|r| r.name.as_str()),
-                char_devices: nodes.iter().map(|n| n.container_path.clone()).collect(),
-                netdev: c.netdev.as_ref().map(|n| n.name.as_str()),
-                numa_node: c.numa,
-                roce_v2_gid_index: gid.map(|g| g.0),
-                roce_v2_gid_ipv4: gid.map(|g| g.1.to_string()),
-            },
-        );
+        info.insert(d.id.clone(), device_facts(c, &nodes));
         if cdi_mode {
             out.cdi_devices.push(cdi::qualified_name(resource, &d.id));
         } else {

@@ -26,7 +26,7 @@ use crate::driver::DRIVER_NAME;
 use crate::slice::Published;
 use kroce_contracts::memlock_file::{self, AttachmentMemlock, SandboxMemlock};
 use kroce_contracts::network_attach;
-use kroce_device_plugin::allocation::device_nodes;
+use kroce_device_plugin::allocation::{device_facts, device_nodes};
 use kroce_device_plugin::cdi::CDI_VERSION;
 use kroce_device_plugin::inventory::Candidate;
 use serde::{Deserialize, Serialize};
@@ -183,24 +183,6 @@ pub struct CdiEdits {
 /// One CDI device node: the device plugin's (mode and owner included).
 pub type CdiNode = kroce_device_plugin::cdi::DeviceNode;
 
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Info<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pci_address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pf_pci_address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rdma_device: Option<&'a str>,
-    char_devices: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    netdev: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    numa_node: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    roce_v2_gid_index: Option<u32>,
-}
-
 fn encode<T: Serialize>(what: &Path, v: &T) -> Result<Vec<u8>, PlanError> {
     serde_json::to_vec_pretty(v).map_err(|e| PlanError::Encode {
         what: what.display().to_string(),
@@ -223,15 +205,7 @@ fn cdi_device(claim: &ClaimRef, device: &str, c: &Candidate, paths: &Paths) -> C
     if let Some(r) = &c.rdma {
         env.push(format!("KROCE_DRA_{dev}_RDMA_DEVICE={}", r.name));
     }
-    let info = Info {
-        pci_address: c.pci.map(|p| p.to_string()),
-        pf_pci_address: c.pf.filter(|pf| Some(*pf) != c.pci).map(|p| p.to_string()),
-        rdma_device: c.rdma.as_ref().map(|r| r.name.as_str()),
-        char_devices: nodes.iter().map(|n| n.container_path.clone()).collect(),
-        netdev: c.netdev.as_ref().map(|n| n.name.as_str()),
-        numa_node: c.numa,
-        roce_v2_gid_index: c.rdma.as_ref().and_then(|r| r.roce_v2_gid).map(|g| g.0),
-    };
+    let info = device_facts(c, &nodes);
     env.push(format!(
         "KROCE_DRA_{dev}_INFO={}",
         serde_json::to_string(&info).unwrap_or_else(|_| "{}".into())

@@ -135,6 +135,23 @@ async fn prepare_and_unprepare_are_idempotent() {
                 .starts_with("KROCE_DRA_CLAIM_6C1D3E0A_0000_4000_8000_000000000001=default/rdma")),
         "{env:?}"
     );
+    // The device's facts, in the shape the device plugin's INFO env has
+    // (`kroce_contracts::device_facts`).
+    let info = env
+        .iter()
+        .find_map(|e| e.strip_prefix("KROCE_DRA_VF_0000_3B_00_2_INFO="))
+        .unwrap_or_else(|| panic!("no INFO env: {env:?}"));
+    let facts: kroce_contracts::device_facts::DeviceFacts = serde_json::from_str(info).unwrap();
+    assert_eq!(facts.pci_address.as_deref(), Some("0000:3b:00.2"));
+    assert_eq!(facts.pf_pci_address.as_deref(), Some("0000:3b:00.0"));
+    assert!(facts.rdma_device.is_some(), "{info}");
+    assert!(
+        facts
+            .char_devices
+            .iter()
+            .any(|c| c == "/dev/infiniband/rdma_cm"),
+        "{info}"
+    );
     // Device-info and the memlock request for kroce-nri.
     let di = rig
         .opts
