@@ -771,6 +771,14 @@ async fn gang_of_rdma_pods_starts_under_load_and_one_slow_attach_fails_only_its_
             nri.log_text()
         );
     }
+    // containerd waits for each NRI answer under one node-wide lock: the
+    // failed sandbox's clean-up (Stop/RemovePodSandbox) is answered at once,
+    // not after a second deadline behind the late attach.
+    assert!(
+        !nri.log_text().contains("VF release did not finish in time"),
+        "a release of the failed sandbox held the runtime up:\n{}",
+        nri.log_text()
+    );
     let errors = remove_all(&cri, &runs).await;
     assert!(errors.is_empty(), "{errors:#?}");
     let left = remove_leftover_sandboxes(&mut cri).await;

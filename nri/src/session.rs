@@ -468,12 +468,13 @@ async fn run_pod_job(
             let held = lock.lock_owned().await;
             let done = tokio::task::spawn_blocking(move || {
                 let _held = held;
+                let netns = job.hold_netns();
                 let (reply, attached) = job.run();
                 let mut f = lock_fate(&fate);
                 if *f == Fate::Abandoned {
                     drop(f);
                     if attached > 0 {
-                        job.roll_back();
+                        job.roll_back(netns.as_ref());
                     }
                     locks.late().remove(&job.facts.sandbox_id);
                 } else {
