@@ -140,11 +140,22 @@ impl PodJob {
         }
     }
 
+    /// The sandbox's netns, opened before an attach: kept while the attach
+    /// runs, so that a late attach can still be undone after the runtime
+    /// removed the netns path (see [`PodJob::roll_back`]).
+    pub fn hold_netns(&self) -> Option<kroce_cni::netns::Netns> {
+        if !self.is_attach() {
+            return None;
+        }
+        kroce_cni::netns::Netns::open(self.facts.netns.as_deref()?).ok()
+    }
+
     /// Undoes an attach whose answer the runtime never got (it came after
     /// the deadline, or the connection was gone): the sandbox failed.
-    pub fn roll_back(&self) {
+    /// `held`: from [`PodJob::hold_netns`].
+    pub fn roll_back(&self, held: Option<&kroce_cni::netns::Netns>) {
         let facts = &self.facts;
-        let errors = self.hook.release(facts);
+        let errors = self.hook.roll_back(facts, held);
         if errors.is_empty() {
             tracing::warn!(sandbox = %facts.sandbox_id, pod = %format!("{}/{}", facts.namespace, facts.name), "late attachment rolled back: the runtime had already failed the sandbox");
         }

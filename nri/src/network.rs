@@ -15,6 +15,8 @@
 //! command; [`InProcessCni`] with the real backends) and the request dir.
 
 use crate::proto::api;
+use kroce_cni::links::{Links, RtnlLinks};
+use kroce_cni::netns::Netns;
 use kroce_cni::protocol::{CniArgs, CniEnv, CniError, Command};
 use kroce_contracts::network_attach::{
     self, AttachRequest, AttachResult, CNI_NETWORK_NAME, DeviceAttach, DeviceNetwork, FILE_VERSION,
@@ -244,6 +246,10 @@ pub fn device_network(a: &Attachment, result: &Value) -> DeviceNetwork {
 /// Runs one kroce-cni command (a narrow edge).
 pub trait CniRunner {
     fn run(&self, env: &CniEnv, config: &Value) -> Result<Option<Value>, CniError>;
+    /// The netns kroce-cni treats as the host's: this thread's.
+    fn host_netns(&self) -> std::io::Result<Netns> {
+        Netns::current()
+    }
 }
 
 /// kroce-cni in this process, with its real backends (netlink, the IPAM
@@ -577,6 +583,13 @@ pub trait PodNetworkHook: Send + Sync + std::fmt::Debug {
     fn attach(&self, pod: &PodFacts) -> Result<usize, String>;
     /// Errors of what could not be released.
     fn release(&self, pod: &PodFacts) -> Vec<String>;
+    /// Undoes an attach the runtime no longer waited for. `held`: the
+    /// sandbox's netns, opened before the attach, alive even when the
+    /// runtime has removed its path meanwhile.
+    fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<String> {
+        let _ = held;
+        self.release(pod)
+    }
 }
 
 impl<R: CniRunner + Send + Sync + std::fmt::Debug> PodNetworkHook for PodNetwork<R> {
@@ -586,6 +599,67 @@ impl<R: CniRunner + Send + Sync + std::fmt::Debug> PodNetworkHook for PodNetwork
 
     fn release(&self, pod: &PodFacts) -> Vec<String> {
         PodNetwork::release(self, pod)
+    }
+
+    fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<String> {
+        PodNetwork::roll_back(self, pod, held)
+    }
+}
+
+impl<R: CniRunner> PodNetwork<R> {
+    /// Undoes a late attach: [`PodNetwork::release`], after getting the
+    /// VFs out of a netns the runtime removed meanwhile (`held`: the
+    /// sandbox's netns, opened before the attach).
+    pub fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<String> {
+        let mut errors = held
+            .map(|ns| self.out_of_a_removed_netns(pod, ns))
+            .unwrap_or_default();
+        errors.extend(self.release(pod));
+        errors
+    }
+
+    /// A late attach's VFs out of the sandbox's netns when the runtime has
+    /// removed its path already (it failed the sandbox and cleaned up while
+    /// the attach ran): kroce-cni's DEL can no longer enter it by the path
+    /// it recorded, and the netns dies with our `held` handle, taking a
+    /// virtual VF with it and leaving a real one to the kernel under its pod
+    /// name. Moved to the host netns under the original name, where the DEL
+    /// that follows finds it and restores the rest.
+    fn out_of_a_removed_netns(&self, pod: &PodFacts, held: &Netns) -> Vec<String> {
+        let mut errors = Vec::new();
+        let state = kroce_cni::state::StateDir::new(&self.opts.state_dir);
+        let (claims, _) = state.claims();
+        let gone: Vec<_> = claims
+            .iter()
+            .filter(|c| c.container_id == pod.sandbox_id && c.network == CNI_NETWORK_NAME)
+            .filter(|c| !kroce_cni::netns::is_alive(Path::new(&c.netns)))
+            .collect();
+        if gone.is_empty() {
+            return errors;
+        }
+        let host = match self.cni.host_netns() {
+            Ok(h) => h,
+            Err(e) => return vec![format!("cannot open the host netns: {e}")],
+        };
+        let mut links = match RtnlLinks::open(held) {
+            Ok(l) => l,
+            Err(e) => return vec![e.to_string()],
+        };
+        for c in gone {
+            match links.by_name(&c.ifname) {
+                Ok(Some(l)) => {
+                    match links.move_to(l.index, host.fd(), &c.original.link.name, None) {
+                        Ok(()) => {
+                            tracing::info!(sandbox = %pod.sandbox_id, ifname = %c.ifname, vf = %c.vf, netns = %c.netns, "late attachment: VF moved out of the sandbox netns the runtime had removed")
+                        }
+                        Err(e) => errors.push(format!("{} ({}): {e}", c.vf, c.ifname)),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(format!("{} ({}): {e}", c.vf, c.ifname)),
+            }
+        }
+        errors
     }
 }
 

@@ -6,7 +6,7 @@
 //! *server* of its own Plugin service on mux conn 1 (the runtime sends
 //! `Configure`, `Synchronize`, `CreateContainer`, ... there).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -349,19 +349,30 @@ pub fn effective_deadline(flag: Duration, runtime_timeout: Option<Duration>) -> 
 }
 
 /// One lock per sandbox: its release waits for its attach (and the other
-/// way round), while different sandboxes proceed in parallel.
+/// way round), while different sandboxes proceed in parallel. Also the
+/// sandboxes whose attach missed its deadline and still runs ("late"): the
+/// runtime has failed them, and the late attach undoes itself when it ends.
 #[derive(Debug, Default, Clone)]
-struct SandboxLocks(Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
+struct SandboxLocks {
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    late: Arc<Mutex<HashSet<String>>>,
+}
 
 impl SandboxLocks {
     fn of(&self, sandbox: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self
-            .0
+            .locks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Forget sandboxes nobody works on any more.
         map.retain(|_, l| Arc::strong_count(l) > 1);
         map.entry(sandbox.to_owned()).or_default().clone()
+    }
+
+    fn late(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.late
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -383,16 +394,23 @@ fn lock_fate(f: &SharedFate) -> std::sync::MutexGuard<'_, Fate> {
 }
 
 /// Marks the work abandoned if its task ends before the work did; gives
-/// the work's reply if it made it.
-struct Abandon(SharedFate);
+/// the work's reply if it made it. An attach abandoned at its deadline marks
+/// its sandbox late (in the same step, so the work sees both or neither).
+struct Abandon {
+    fate: SharedFate,
+    late: Option<(SandboxLocks, String)>,
+}
 
 impl Abandon {
     fn now(&self) -> Option<Reply> {
-        let mut fate = lock_fate(&self.0);
+        let mut fate = lock_fate(&self.fate);
         match &*fate {
             Fate::Done(reply) => Some(reply.clone()),
             _ => {
                 *fate = Fate::Abandoned;
+                if let Some((locks, sandbox)) = &self.late {
+                    locks.late().insert(sandbox.clone());
+                }
                 None
             }
         }
@@ -401,7 +419,7 @@ impl Abandon {
 
 impl Drop for Abandon {
     fn drop(&mut self) {
-        let mut fate = lock_fate(&self.0);
+        let mut fate = lock_fate(&self.fate);
         if *fate == Fate::Pending {
             *fate = Fate::Abandoned;
         }
@@ -412,6 +430,12 @@ impl Drop for Abandon {
 /// `deadline`: an attach not done by then fails its sandbox with a clear
 /// error (and is rolled back when it completes), a release is answered OK
 /// and goes on. Waiting for the sandbox's lock counts against the deadline.
+///
+/// A release of a late sandbox is answered at once and runs after the late
+/// attach: containerd holds one lock over every NRI call on the node while
+/// it waits for an answer (`nri/pkg/adaptation`), so waiting here for the
+/// late attach would stall every other pod's start by up to another
+/// deadline, for nothing (the late attach undoes itself).
 async fn run_pod_job(
     stream_id: u32,
     job: PodJob,
@@ -419,22 +443,40 @@ async fn run_pod_job(
     locks: SandboxLocks,
 ) -> (u32, Reply) {
     let started = tokio::time::Instant::now();
-    let lock = locks.of(&job.facts.sandbox_id);
+    let sandbox = job.facts.sandbox_id.clone();
+    let lock = locks.of(&sandbox);
+    if !job.is_attach() && locks.late().contains(&sandbox) {
+        tracing::info!(sandbox = %sandbox, method = job.method(), "release answered at once: the sandbox's late attachment is still running and rolls itself back; the release runs after it");
+        tokio::spawn(async move {
+            let held = lock.lock_owned().await;
+            let _ = tokio::task::spawn_blocking(move || {
+                let _held = held;
+                job.run()
+            })
+            .await;
+        });
+        return (stream_id, Reply::Ok(Vec::new()));
+    }
     let fate: SharedFate = Arc::new(Mutex::new(Fate::Pending));
-    let abandon = Abandon(fate.clone());
+    let abandon = Abandon {
+        fate: fate.clone(),
+        late: job.is_attach().then(|| (locks.clone(), sandbox.clone())),
+    };
     let work = {
         let job = job.clone();
         async move {
             let held = lock.lock_owned().await;
             let done = tokio::task::spawn_blocking(move || {
                 let _held = held;
+                let netns = job.hold_netns();
                 let (reply, attached) = job.run();
                 let mut f = lock_fate(&fate);
                 if *f == Fate::Abandoned {
                     drop(f);
                     if attached > 0 {
-                        job.roll_back();
+                        job.roll_back(netns.as_ref());
                     }
+                    locks.late().remove(&job.facts.sandbox_id);
                 } else {
                     *f = Fate::Done(reply);
                 }

@@ -48,6 +48,10 @@ impl CniRunner for BedCni<'_> {
             .call(&mut self.kit.borrow_mut(), &faults, &m, config)
             .result
     }
+
+    fn host_netns(&self) -> std::io::Result<kroce_cni::netns::Netns> {
+        self.bed.host.open()
+    }
 }
 
 fn rdma_of(bed: &TestBed, i: u32) -> String {
@@ -229,6 +233,49 @@ fn attach_then_release_leaves_the_host_as_before() {
     };
     assert_eq!(net.attach(&other).unwrap(), 0);
     assert!(bed.pod.link("net1").is_none());
+}
+
+/// Issue 21: an attach that missed its deadline ends after the runtime
+/// failed the sandbox and removed its netns path (containerd does so right
+/// after the failure). Its rollback, given the netns handle opened before
+/// the attach, still gets the VF out: back in the host netns as before, no
+/// claim, lease or result left. Without the handle the DEL cannot enter the
+/// netns by its path and the VF dies with it (a veth; a real VF would be
+/// left to the kernel under its pod name).
+#[test]
+fn a_late_attach_is_undone_after_the_runtime_removed_the_sandbox_netns() {
+    if skip_without_netns("a_late_attach_is_undone_after_the_runtime_removed_the_sandbox_netns") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    write_request(&bed, "u-1", vec![device(&bed, 0, json!({"mtu": 4000}))]);
+    let net = setup(&bed);
+    let host_before = bed.host.links().unwrap();
+    let files_before = bed.state_files();
+
+    let held = kroce_cni::netns::Netns::open(&bed.pod.path).unwrap();
+    assert_eq!(net.attach(&pod(&bed)).unwrap(), 1);
+    // The runtime removes the sandbox's netns path meanwhile.
+    let name = bed.pod.path.file_name().unwrap().to_owned();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "del"])
+        .arg(&name)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!kroce_cni::netns::is_alive(&bed.pod.path));
+
+    let errors = net.roll_back(&pod(&bed), Some(&held));
+    assert!(errors.is_empty(), "{errors:?}");
+    drop(held);
+    assert_eq!(
+        bed.host.links().unwrap(),
+        host_before,
+        "the VF is back as before"
+    );
+    assert!(leases(&bed).is_empty(), "{:?}", leases(&bed));
+    assert!(result_of(&bed, "u-1").is_none());
+    assert_eq!(bed.state_files(), files_before);
 }
 
 #[test]

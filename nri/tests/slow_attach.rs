@@ -30,6 +30,8 @@ const DEADLINE: Duration = Duration::from_millis(400);
 #[derive(Debug, Default)]
 struct Recorder {
     attached: Mutex<Vec<String>>,
+    /// Every release, in order (a sandbox may be released twice).
+    released: Mutex<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -45,6 +47,7 @@ impl PodNetworkHook for SlowHook {
     }
 
     fn release(&self, pod: &PodFacts) -> Vec<String> {
+        self.0.released.lock().unwrap().push(pod.sandbox_id.clone());
         self.0
             .attached
             .lock()
@@ -75,12 +78,15 @@ fn run_pod_sandbox(id: &str) -> Vec<u8> {
     api::RunPodSandboxRequest { pod: Some(pod(id)) }.encode_to_vec()
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn a_slow_attach_holds_up_no_memlock_answer_and_fails_only_its_sandbox() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("kroce_nri=debug")
-        .with_test_writer()
-        .try_init();
+/// The plugin as `kroce-nri` runs it, with the slow hook, connected to a
+/// runtime stand-in that has configured it (2 s request timeout).
+async fn start_plugin() -> (
+    tempfile::TempDir,
+    Arc<Recorder>,
+    PluginConn,
+    oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("nri.sock");
     let rt = FakeRuntime::bind(&socket).unwrap();
@@ -121,6 +127,17 @@ async fn a_slow_attach_holds_up_no_memlock_answer_and_fails_only_its_sandbox() {
     })
     .await
     .unwrap();
+
+    (dir, recorder, conn, stop_tx, plugin)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_attach_holds_up_no_memlock_answer_and_fails_only_its_sandbox() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("kroce_nri=debug")
+        .with_test_writer()
+        .try_init();
+    let (_dir, recorder, mut conn, stop_tx, plugin) = start_plugin().await;
 
     // The slow sandbox's attach starts; another pod's RDMA container is
     // created meanwhile: its memlock answer must not wait for the attach.
@@ -207,6 +224,75 @@ async fn a_slow_attach_holds_up_no_memlock_answer_and_fails_only_its_sandbox() {
         conn.expect_response(stop).await.unwrap(),
         Reply::Ok(Vec::new())
     );
+
+    stop_tx.send(()).unwrap();
+    tokio::task::spawn_blocking(move || plugin.join())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// containerd holds one lock over every NRI call on the node while it waits
+/// for a plugin's answer: the release of a sandbox whose attach missed its
+/// deadline (the runtime cleaning up the sandbox it failed) must not wait
+/// for that attach too, or every other pod's start stalls a second
+/// deadline. It is answered at once and runs after the late attach.
+#[tokio::test(flavor = "current_thread")]
+async fn the_release_of_a_late_sandbox_is_answered_at_once_and_runs_after_the_attach() {
+    let (_dir, recorder, mut conn, stop_tx, plugin) = start_plugin().await;
+    let t0 = Instant::now();
+    let slow = send(&mut conn, "RunPodSandbox", run_pod_sandbox("sb-slow")).await;
+    let reply = conn.expect_response(slow).await.unwrap();
+    assert!(
+        matches!(&reply, Reply::Err { code: c, .. } if *c == code::DEADLINE_EXCEEDED),
+        "{reply:?}"
+    );
+    for method in ["StopPodSandbox", "RemovePodSandbox"] {
+        let asked = Instant::now();
+        let id = send(
+            &mut conn,
+            method,
+            api::StopPodSandboxRequest {
+                pod: Some(pod("sb-slow")),
+            }
+            .encode_to_vec(),
+        )
+        .await;
+        assert_eq!(
+            conn.expect_response(id).await.unwrap(),
+            Reply::Ok(Vec::new())
+        );
+        let waited = asked.elapsed();
+        assert!(
+            waited < DEADLINE / 2,
+            "{method} of the late sandbox waited {waited:?} (the attach still runs)"
+        );
+    }
+    assert!(
+        t0.elapsed() < SLOW,
+        "the attach should still be running: {:?}",
+        t0.elapsed()
+    );
+    // The late attach ends, rolls itself back; the releases run after it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = recorder.released.lock().unwrap().clone();
+        if released.len() >= 3 {
+            // The rollback, then Stop's and Remove's own releases.
+            assert!(released.iter().all(|s| s == "sb-slow"), "{released:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "releases after the late attach: {released:?}"
+        );
+    }
+    assert!(
+        t0.elapsed() >= SLOW,
+        "no release ran before the attach ended"
+    );
+    assert!(recorder.attached.lock().unwrap().is_empty());
 
     stop_tx.send(()).unwrap();
     tokio::task::spawn_blocking(move || plugin.join())
