@@ -1601,6 +1601,30 @@ fn igb_del_with_mac_restores_everything_and_frees_the_vf() {
     );
 }
 
+/// igb learns the VF's own MAC over the VF-PF mailbox, and igbvf ignores
+/// a timed-out mailbox: the netdev has its MAC back, the PF does not (and
+/// the VF would get no unicast). DEL sees it and sets the MAC once more.
+#[test]
+fn igb_del_sets_the_vf_mac_again_when_the_pf_missed_it() {
+    if skip_without_netns("igb_del_sets_the_vf_mac_again_when_the_pf_missed_it") {
+        return;
+    }
+    let bed = TestBed::new(1).unwrap();
+    let mut kit = bed.kit();
+    let igb = Faults::none();
+    let own: kroce_cni::addr::Mac = "02:00:3b:00:02:42".parse().unwrap();
+    kit.vf = RecordingVfConfig::igb(&[("ens1f0", 4, 8), ("ens2f0", 5, 8)], &[own], igb.clone());
+    let pf_before = kit.vf.state("ens1f0", 0).unwrap();
+    let cfg = bed.config(json!({"mac": "0a:55:c2:28:c8:90", "trust": "on", "rdma": false}));
+    bed.call(&mut kit, &igb, &bed.env("ADD", "c1", "net1"), &cfg)
+        .ok()
+        .expect("ADD");
+    igb.lose_vf_mac_learns(own, 1);
+    let r = bed.call(&mut kit, &igb, &bed.env("DEL", "c1", "net1"), &cfg);
+    assert!(r.result.is_ok(), "DEL: {:?}", r.result.err());
+    assert_eq!(kit.vf.state("ens1f0", 0).unwrap(), pf_before);
+}
+
 /// igb refuses a link state (EOPNOTSUPP), 802.1ad and a min rate: the
 /// rollback restores only what was changed (the link state never was) and
 /// leaves no admin MAC behind (the VF can still set its own MAC).

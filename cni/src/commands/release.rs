@@ -213,6 +213,29 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         &mut errors,
     );
 
+    // 4a. igb learns the VF's own MAC over the VF-PF mailbox, and igbvf
+    //     ignores a mailbox that timed out (e1000_rar_set_vf): the netdev
+    //     has the MAC, the PF does not, and the VF gets no unicast. Seen
+    //     under emulation on a loaded machine: check, and set it once more.
+    if force_mac
+        && let (Some((v, _, _)), Some(mac)) = (&pf_side, orig.mac)
+        && b.vf.get(&v.pf_ifname, v.vf_index).is_ok_and(|now| now.mac != mac)
+    {
+        log.warn(&format!(
+            "{}: the PF did not record the VF's own MAC {mac}: setting it again",
+            claim.vf
+        ));
+        restore_netdev(claim, node, host.as_mut(), true, true, log, &mut errors);
+        if let Ok(now) = b.vf.get(&v.pf_ifname, v.vf_index)
+            && now.mac != mac
+        {
+            log.warn(&format!(
+                "{}: the PF still reports {} for VF {} of {} (the VF's own MAC is {mac})",
+                claim.vf, now.mac, v.vf_index, v.pf_ifname
+            ));
+        }
+    }
+
     // 4b. A soft RDMA device that was over the VF's netdev: the kernel
     //     deleted it when the netdev left (ADD) and again when it came
     //     back; made again on the host under its name, over the netdev's

@@ -32,6 +32,9 @@ struct FaultState {
     /// The last MAC the VF netdev set on itself (igb reports it PF-side
     /// when no admin MAC is set).
     netdev_mac: Option<Mac>,
+    /// igb: the VF-PF mailbox message that would tell the PF this MAC is
+    /// lost this many more times (igbvf ignores the timeout).
+    lost_learns: Option<(Mac, usize)>,
 }
 
 /// Shared by all decorators of one call.
@@ -69,6 +72,11 @@ impl Faults {
 
     pub fn vf_mac_locked(&self) -> bool {
         self.0.borrow().vf_mac_locked
+    }
+
+    /// The PF misses the VF netdev's change to `mac` the next `times` times.
+    pub fn lose_vf_mac_learns(&self, mac: Mac, times: usize) {
+        self.0.borrow_mut().lost_learns = Some((mac, times));
     }
 
     pub fn netdev_mac(&self) -> Option<Mac> {
@@ -167,7 +175,11 @@ impl Links for FaultyLinks {
             .and_then(|l| l.mac);
         guarded!(self, "set_mac", self.inner.set_mac(index, mac))?;
         if before != Some(*mac) {
-            self.faults.0.borrow_mut().netdev_mac = Some(*mac);
+            let mut st = self.faults.0.borrow_mut();
+            match &mut st.lost_learns {
+                Some((m, n)) if m == mac && *n > 0 => *n -= 1,
+                _ => st.netdev_mac = Some(*mac),
+            }
         }
         Ok(())
     }
