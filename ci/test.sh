@@ -76,6 +76,16 @@ step "real kernel in a VM (QEMU igb SR-IOV + rxe, Linux 7.3; the shipped binarie
 # reads the results back and asserts, in the workspace tests below. Runs
 # after the prune: KROCE_BIN_DIR is then the copied-out shipped dir.
 vm_results=$target_dir/vm-results
+# The guest also runs the whole-node flow (e2e/tests/vm_guest) from the vm
+# test binary, built here (the workspace tests below reuse the build).
+KROCE_VM_GUEST_TEST=$(cargo test -p kroce-e2e --all-features --test vm --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "vm":
+        print(m["executable"])')
+export KROCE_VM_GUEST_TEST
+echo "VM guest test binary: ${KROCE_VM_GUEST_TEST:-none (build failed: the VM tier will miss its node-e2e steps)}"
 vm_start=$(date +%s)
 ci/vm.sh "$vm_results" || echo "VM tier: ci/vm.sh failed; e2e/tests/vm.rs reports what the guest saw"
 echo "VM tier: $(($(date +%s) - vm_start)) s"

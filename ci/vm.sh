@@ -8,6 +8,9 @@
 #
 #   KROCE_BIN_DIR=target/release ci/vm.sh RESULTS_DIR
 #
+# KROCE_VM_GUEST_TEST, if set, is the e2e `vm` test binary: the guest runs
+# its `guest_whole_node` (node agent, device plugin, CNI on the igb VFs).
+#
 # Needs root and the peers of ci/vm-peers.sh (run here if KROCE_VM_QEMU is
 # not set). KVM is used only where a probe boot proves it works (the
 # machines CI runs on have a /dev/kvm that cannot run a normal guest); else
@@ -19,6 +22,8 @@ mkdir -p "$results"
 results=$(cd "$results" && pwd)
 : "${KROCE_BIN_DIR:?KROCE_BIN_DIR must name the shipped (release) binaries}"
 bin_dir=$(cd "$KROCE_BIN_DIR" && pwd)
+guest_test=
+[ -n "${KROCE_VM_GUEST_TEST:-}" ] && guest_test=$(realpath "$KROCE_VM_GUEST_TEST")
 export PATH=$PATH:/usr/sbin:/sbin
 
 if [ -z "${KROCE_VM_QEMU:-}" ]; then
@@ -100,6 +105,7 @@ KROCE_VM_MODULES=$KROCE_VM_MODULES
 KROCE_VM_MODULES_FAST=$fast
 KROCE_VM_RELEASE=$release
 KROCE_VM_ACCEL=$accel
+KROCE_VM_GUEST_TEST=${guest_test}
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ENV
 

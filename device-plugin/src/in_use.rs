@@ -59,6 +59,12 @@ impl InUse {
                 .contains(&(resource.to_string(), id.to_string()))
     }
 
+    /// Also holds `more` (allocations made since this was read).
+    pub fn with_pending(mut self, more: BTreeSet<(String, String)>) -> InUse {
+        self.pending.extend(more);
+        self
+    }
+
     /// Every held device ID of a resource.
     pub fn held(&self, resource: &str) -> BTreeSet<&str> {
         let mut out: BTreeSet<&str> = self

@@ -459,6 +459,15 @@ impl Reconciler {
         if self.opts.cdi {
             self.write_cdi_specs(&snap);
         }
+        // An Allocate during the scan wrote its device-info file after
+        // `in_use` was read: what the book holds now counts too, or the tidy
+        // would remove that file before the CNI reads it (seen in the VM
+        // tier, where a scan takes seconds).
+        let in_use = in_use.with_pending(
+            self.shared
+                .allocations()
+                .pending(None, self.opts.allocation_grace),
+        );
         self.reconcile_files(&snap, &in_use);
         if changed {
             self.snap_tx.send_replace(Arc::new(snap));

@@ -176,6 +176,16 @@ impl DevicePlugin for DevicePluginService {
             })?;
             allocations.push(a);
         }
+        // In the book before the files exist: a rescan's tidy that read
+        // what pods hold before this Allocate checks the book again before
+        // removing a device-info file (plugin.rs, rescan_with).
+        {
+            let mut book = self.shared.allocations();
+            let now = std::time::Instant::now();
+            for r in &requests {
+                book.record(&self.resource, r.devices_ids.iter().cloned(), now);
+            }
+        }
         let mut written: Vec<PathBuf> = Vec::new();
         for a in &allocations {
             for (name, info) in &a.device_infos {
@@ -189,13 +199,6 @@ impl DevicePlugin for DevicePluginService {
                     return Err(Status::internal(e.to_string()));
                 }
                 written.push(path);
-            }
-        }
-        {
-            let mut book = self.shared.allocations();
-            let now = std::time::Instant::now();
-            for r in &requests {
-                book.record(&self.resource, r.devices_ids.iter().cloned(), now);
             }
         }
         for r in &requests {

@@ -12,6 +12,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// The guest's whole-node flow uses part of the simulated node's rig.
+#[allow(dead_code)]
+mod rig;
+mod vm_guest;
+
+/// guest.sh runs this test binary (`guest_whole_node`) inside the VM.
+const GUEST_TEST_ENV: &str = "KROCE_VM_GUEST_TEST";
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -55,8 +63,10 @@ fn results() -> Option<(PathBuf, Option<tempfile::TempDir>)> {
         return None;
     }
     let dir = tempfile::tempdir().expect("temp dir");
+    let exe = std::env::current_exe().expect("test executable");
     let status = Command::new(repo().join("ci/vm.sh"))
         .arg(dir.path())
+        .env(GUEST_TEST_ENV, exe)
         .status()
         .expect("run ci/vm.sh");
     println!("ci/vm.sh: {status}");
@@ -87,6 +97,22 @@ const REQUIRED: &[&str] = &[
     "guest-finished",
 ];
 
+/// The whole-node flow inside the VM (`vm_guest`): runs only there, where
+/// guest.sh sets `KROCE_VM_GUEST_CHECKS`; `real_kernel_vm_tier` requires
+/// its steps on the host.
+#[test]
+fn guest_whole_node() {
+    let Some(checks) = std::env::var_os(vm_guest::CHECKS_ENV) else {
+        println!(
+            "not in the VM: guest.sh runs this inside it, real_kernel_vm_tier asserts its steps"
+        );
+        return;
+    };
+    if let Err(e) = vm_guest::run(Path::new(&checks)) {
+        panic!("whole node in the VM: {e}");
+    }
+}
+
 #[test]
 fn real_kernel_vm_tier() {
     let Some((dir, _keep)) = results() else {
@@ -113,6 +139,7 @@ fn real_kernel_vm_tier() {
     }
     let missing: Vec<_> = REQUIRED
         .iter()
+        .chain(vm_guest::STEPS)
         .filter(|r| !passed.iter().any(|p| p == *r))
         .collect();
     // (d): the admission runner's real ib_write_bw / ib_send_lat output,

@@ -297,5 +297,15 @@ cni DEL c-pb pod-b net1 "$cfg_b" >/dev/null
 ip netns delete pod-a
 ip netns delete pod-b
 
+# (e) The whole-node flow of e2e/tests/node.rs on the igb VFs: the e2e vm
+# test binary (host build, over the 9p share) writes node-e2e-* checks.
+section "(e) whole node: node agent, device plugin, CNI on igb VFs"
+if [ -x "${KROCE_VM_GUEST_TEST:-}" ]; then
+  KROCE_VM_GUEST_CHECKS=$out/checks "$KROCE_VM_GUEST_TEST" guest_whole_node --exact --nocapture --test-threads 1
+  echo "guest_whole_node exit $?"
+else
+  echo "FAIL node-e2e no test binary (KROCE_VM_GUEST_TEST=${KROCE_VM_GUEST_TEST:-unset})" | tee -a "$out/checks"
+fi
+
 section "end"
 echo "PASS guest-finished" >>"$out/checks"

@@ -219,7 +219,9 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     //     under emulation on a loaded machine: check, and set it once more.
     if force_mac
         && let (Some((v, _, _)), Some(mac)) = (&pf_side, orig.mac)
-        && b.vf.get(&v.pf_ifname, v.vf_index).is_ok_and(|now| now.mac != mac)
+        && b.vf
+            .get(&v.pf_ifname, v.vf_index)
+            .is_ok_and(|now| now.mac != mac)
     {
         log.warn(&format!(
             "{}: the PF did not record the VF's own MAC {mac}: setting it again",
