@@ -278,14 +278,24 @@ done
 ip netns exec pod-a rdma dev; ip netns exec pod-b rdma dev
 runner_args=(--bw-tool ib_write_bw --lat-tool ib_send_lat --duration 2 --qps 1 --size 65536
   --iterations 100 --gid-wait 30 --connect-wait 60)
-ip netns exec pod-b "$bin/kroce-perftest-run" server --device rxeb "${runner_args[@]}" \
-  >"$out/perftest-server.log" 2>&1 &
-server=$!
-ip netns exec pod-a "$bin/kroce-perftest-run" client --server-ip "$ip_b" --device rxea "${runner_args[@]}" \
-  >"$out/perftest-client.log" 2>&1
-rc=$?
-wait "$server"
-src=$?
+perftest_pair() {
+  ip netns exec pod-b "$bin/kroce-perftest-run" server --device rxeb "${runner_args[@]}" \
+    >"$out/perftest-server.log" 2>&1 &
+  server=$!
+  ip netns exec pod-a "$bin/kroce-perftest-run" client --server-ip "$ip_b" --device rxea "${runner_args[@]}" \
+    >"$out/perftest-client.log" 2>&1
+  rc=$?
+  wait "$server"
+  src=$?
+}
+perftest_pair
+# Under TCG perftest's cycle-counter timing can print inf/-nan, which the
+# runner's parser rightly refuses: one more run, said as KNOWN.
+if grep -Eqw -- '-?(inf|nan)' "$out/perftest-client.log" "$out/perftest-server.log"; then
+  echo "KNOWN perftest-inf-nan perftest printed inf/nan under TCG: run once more" | tee -a "$out/checks"
+  cat "$out/perftest-client.log"
+  perftest_pair
+fi
 cat "$out/perftest-client.log" "$out/perftest-server.log"
 [ "$rc_a" = 0 ] && [ "$rc_b" = 0 ] && [ "$rc" = 0 ] && [ "$src" = 0 ]
 check perftest-runner "$?" "ADD exits $rc_a/$rc_b, client exit $rc, server exit $src (logs: perftest-*.log)"
