@@ -8,7 +8,15 @@
 //! `CNI_COMMAND=VERSION` at start, it is run at its highest version not above
 //! the one compared, and the summary says so. The summary at the end is our
 //! own interleaved measurement (criterion does not hand its estimates back):
-//! the mean ADD+DEL wall time of each and kroce-cni's ratio to host-device.
+//! the median ADD+DEL wall time of each and the ratios, next to the kernel
+//! floor: the two netns moves of one link that any VF plugin must make,
+//! as two `ip` execs (`ip link set dev X netns POD`, `ip -n POD link set dev
+//! X netns NODE`). Each round runs the three in turn, so load from elsewhere
+//! on the machine hits them alike; the ratios are medians of the per-round
+//! ratios with their interquartile range.
+//!
+//! `KROCE_CNI_BEFORE=/path/to/kroce-cni` adds another build (e.g. the one
+//! before a change) as a fourth command in the same rounds.
 //!
 //! cargo bench -p kroce-cni --bench add_del -- --warm-up-time 1 --measurement-time 3
 
@@ -20,10 +28,17 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const VERSIONS: [&str; 2] = ["1.0.0", "1.1.0"];
-/// ADD+DEL cycles per plugin and version for the printed summary.
-const SUMMARY_CYCLES: u32 = 30;
-/// The target: kroce-cni at most this fraction of host-device's time.
-const TARGET_RATIO: f64 = 0.8;
+/// Interleaved rounds per version for the printed summary.
+const SUMMARY_ROUNDS: usize = 40;
+/// The target: kroce-cni ADD+DEL at most this multiple of the kernel floor.
+const TARGET_FLOOR_RATIO: f64 = 1.10;
+
+/// Median and interquartile range of `v`.
+fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
+}
 
 fn version_key(v: &str) -> Vec<u32> {
     v.split('.').filter_map(|p| p.parse().ok()).collect()
@@ -134,33 +149,89 @@ fn add_del(c: &mut Criterion) {
         g.finish();
     }
 
-    // Interleaved, so load from elsewhere on the machine hits both alike.
-    println!("\nADD+DEL summary ({SUMMARY_CYCLES} interleaved cycles each, mean wall time):");
-    for case in &cases {
-        let (mut ours_t, mut hd_t) = (Duration::ZERO, Duration::ZERO);
-        for _ in 0..SUMMARY_CYCLES {
-            let t = Instant::now();
-            cycle(ours, &case.kroce_cfg, "bench-kroce");
-            ours_t += t.elapsed();
-            let t = Instant::now();
-            cycle(host_device, &case.hd_cfg, "bench-hd");
-            hd_t += t.elapsed();
+    // The floor: the same veth out to the pod netns and back, by `ip`.
+    let pod_ns = bed.pod.name.clone();
+    let host_ns = bed.host.name.clone();
+    let floor = || {
+        for args in [
+            vec![
+                "-n",
+                host_ns.as_str(),
+                "link",
+                "set",
+                "dev",
+                "ens1f0v0",
+                "netns",
+                pod_ns.as_str(),
+            ],
+            vec![
+                "-n",
+                pod_ns.as_str(),
+                "link",
+                "set",
+                "dev",
+                "ens1f0v0",
+                "netns",
+                host_ns.as_str(),
+            ],
+        ] {
+            let st = std::process::Command::new("ip")
+                .args(&args)
+                .status()
+                .unwrap();
+            assert!(st.success(), "ip {args:?}: {st}");
         }
-        let ms = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(SUMMARY_CYCLES);
-        let ratio = ours_t.as_secs_f64() / hd_t.as_secs_f64();
+    };
+    floor();
+    assert_eq!(bed.host.links().unwrap().len(), before.len());
+    let before_bin = std::env::var_os("KROCE_CNI_BEFORE").map(std::path::PathBuf::from);
+
+    println!(
+        "\nADD+DEL summary ({SUMMARY_ROUNDS} interleaved rounds; median ms, ratios as median [IQR] of per-round ratios):"
+    );
+    for case in &cases {
+        let time = |f: &dyn Fn()| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let (mut k, mut h, mut fl, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..SUMMARY_ROUNDS {
+            k.push(time(&|| cycle(ours, &case.kroce_cfg, "bench-kroce")));
+            h.push(time(&|| cycle(host_device, &case.hd_cfg, "bench-hd")));
+            fl.push(time(&floor));
+            if let Some(bb) = &before_bin {
+                b.push(time(&|| cycle(bb, &case.kroce_cfg, "bench-before")));
+            }
+        }
+        let ratio = |a: &[f64], d: &[f64]| {
+            let mut r: Vec<f64> = a.iter().zip(d).map(|(a, d)| a / d).collect();
+            quartiles(&mut r)
+        };
+        let (kf, kf_lo, kf_hi) = ratio(&k, &fl);
+        let (hf, hf_lo, hf_hi) = ratio(&h, &fl);
+        let (kh, kh_lo, kh_hi) = ratio(&k, &h);
+        let med = |v: &[f64]| quartiles(&mut v.to_vec()).0;
         let note = if case.hd_version == case.version {
             String::new()
         } else {
             format!(" (host-device speaks at most {})", case.hd_version)
         };
         println!(
-            "cniVersion {}: kroce-cni {:.2} ms, host-device@{} {:.2} ms, ratio {:.2}x (target <= {TARGET_RATIO}x){note}",
+            "cniVersion {}: kroce-cni {:.2} ms, host-device@{} {:.2} ms, floor {:.2} ms{note}\n  kroce/floor {kf:.2}x [{kf_lo:.2}-{kf_hi:.2}] (target <= {TARGET_FLOOR_RATIO}x), host-device/floor {hf:.2}x [{hf_lo:.2}-{hf_hi:.2}], kroce/host-device {kh:.2}x [{kh_lo:.2}-{kh_hi:.2}]",
             case.version,
-            ms(ours_t),
+            med(&k),
             case.hd_version,
-            ms(hd_t),
-            ratio
+            med(&h),
+            med(&fl),
         );
+        if !b.is_empty() {
+            let (bf, bf_lo, bf_hi) = ratio(&b, &fl);
+            println!(
+                "  KROCE_CNI_BEFORE {:.2} ms, before/floor {bf:.2}x [{bf_lo:.2}-{bf_hi:.2}]",
+                med(&b)
+            );
+        }
     }
 }
 

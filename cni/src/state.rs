@@ -65,7 +65,11 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
 
 /// Writes `bytes` to `path` (mode 0600) via a temp file in the same
 /// directory and a rename, so readers see the old or the new file, never a
-/// torn one.
+/// torn one. An existing file is swapped with the temp file
+/// (`RENAME_EXCHANGE`) and the old one unlinked: a rename *over* a file
+/// makes ext4 flush the new file's data first (`auto_da_alloc`, ~2.4 ms on a
+/// disk mounted with `discard`), which a claim rewrite does not need — no
+/// fsync here: what must survive a crash is the lease, and its writer syncs.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -82,11 +86,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .mode(0o600)
         .open(&tmp)
         .and_then(|mut f| io::Write::write_all(&mut f, bytes))
-        .and_then(|_| std::fs::rename(&tmp, path))
+        .and_then(|_| replace(&tmp, path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Puts `tmp` at `path`: swapped with an existing file, whose old content
+/// (now at `tmp`) is unlinked; renamed when there is none (or the
+/// filesystem cannot swap).
+fn replace(tmp: &Path, path: &Path) -> io::Result<()> {
+    use nix::errno::Errno;
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    match renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => {
+            // The old content, under the temp name: a leftover is harmless
+            // (`.name.tmp.PID`, removed by the next write of that pid).
+            let _ = std::fs::remove_file(tmp);
+            Ok(())
+        }
+        Err(Errno::ENOENT | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+            std::fs::rename(tmp, path)
+        }
+        Err(e) => Err(io::Error::from(e)),
+    }
 }
 
 /// Why a state dir with `meta` is not private to `uid` (root in
@@ -415,6 +439,41 @@ mod tests {
         assert!(e.contains("owned by uid"), "{e}");
         let e = StateDir::new("rel/dir").ensure_private().unwrap_err();
         assert!(e.to_string().contains("absolute"), "{e}");
+    }
+
+    /// A reader during rewrites sees the old or the new file, whole,
+    /// never none (the swap keeps a file at the path at every moment).
+    #[test]
+    fn rewrites_are_never_missing_or_torn_for_a_reader() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("claim.json");
+        let (a, b) = (vec![b'a'; 3000], vec![b'b'; 10]);
+        write_atomic(&p, &a).unwrap();
+        let done = AtomicBool::new(false);
+        let bad = std::thread::scope(|sc| {
+            let reader = sc.spawn(|| {
+                let mut bad = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    match std::fs::read(&p) {
+                        Ok(v) if v == a || v == b => {}
+                        Ok(v) => bad.push(format!("torn: {} bytes", v.len())),
+                        Err(e) => bad.push(e.to_string()),
+                    }
+                }
+                bad
+            });
+            for i in 0..400 {
+                write_atomic(&p, if i % 2 == 0 { &b } else { &a }).unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+            reader.join().unwrap()
+        });
+        assert!(bad.is_empty(), "{:?}", &bad[..bad.len().min(5)]);
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
