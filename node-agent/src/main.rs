@@ -311,8 +311,12 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             let health = Arc::new(Health::default());
             let agent = host.agent_config();
             let checks = checks.node_checks(&node_name, &agent.root, &host.host_root);
-            // RDMA counters as of the last pass: a scrape reads nothing.
-            let extra = checks.metrics_source();
+            // RDMA counters, VF pools and admission as of the last pass: a
+            // scrape reads nothing.
+            let counters = checks.metrics_source();
+            let state = metrics.state.clone();
+            let extra: kroce_operator::http::ExtraMetrics =
+                Arc::new(move || format!("{}{}", counters(), state.text()));
             let server = tokio::spawn(kroce_operator::http::serve_with(
                 listen,
                 Arc::new(registry),
