@@ -27,8 +27,8 @@ pub const PORT_DISCARDS: &[&str] = &["port_xmit_discards", "port_rcv_errors"];
 /// `ethtool -S` (mlx5) PHY discard counters.
 pub const ETHTOOL_DISCARDS: &[&str] = &["rx_discards_phy", "tx_discards_phy"];
 
-/// Kernel counter names the chart's alert rules (charts/kroce/files/
-/// kroce-rules.yaml) rely on, per source. They are the sysfs/ethtool file
+/// Kernel counter names the chart's alert rules and dashboard
+/// (charts/kroce/files/) rely on, per source. They are the sysfs/ethtool file
 /// names; [`exported_metric_names`] turns them into metric names with the
 /// same renderer `/metrics` uses, so the rules test breaks on a rename.
 pub const RULE_PORT_COUNTERS: &[&str] = &[
@@ -584,18 +584,6 @@ pub fn rates(prev: &CounterSnapshot, cur: &CounterSnapshot) -> Result<Vec<Counte
                 v,
             );
         }
-        for (k, v) in &p.pause_duration_us {
-            let prio = k
-                .priority
-                .map(|p| format!(",priority=\"{p}\""))
-                .unwrap_or_else(|| ",priority=\"all\"".into());
-            add(
-                "kroce_rdma_pause_duration_microseconds_total".into(),
-                "Time the port was paused (ethtool -S *_pause_duration, microseconds), per priority or all".into(),
-                with_netdev(&format!(",direction=\"{}\"{prio}", k.direction.as_str())),
-                *v,
-            );
-        }
         for (k, v) in &p.phy_discards {
             push(CounterSource::PhyDiscard, k, old.phy_discards.get(k), v);
         }
@@ -753,7 +741,8 @@ mod tests {
 
     #[test]
     fn pause_duration_is_exported_per_direction_and_priority() {
-        let m = parse_ethtool_stats("rx_prio3_pause_duration: 2345\ntx_global_pause_duration: 11\n");
+        let m =
+            parse_ethtool_stats("rx_prio3_pause_duration: 2345\ntx_global_pause_duration: 11\n");
         let eth = from_ethtool(&m);
         let snap = CounterSnapshot {
             node: "n1".into(),

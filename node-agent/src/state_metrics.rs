@@ -385,7 +385,9 @@ mod tests {
             assert!(text.lines().any(|l| l == s), "no `{s}` in\n{text}");
         };
         let pool = |net: &str, state: &str, v: u32| {
-            format!("kroce_vf_pool_vfs{{node=\"n1\",network=\"{net}\",pool=\"kroce.io/{net}\",pf=\"0000:3b:00.0\",device=\"mlx5_0\",state=\"{state}\"}} {v}")
+            format!(
+                "kroce_vf_pool_vfs{{node=\"n1\",network=\"{net}\",pool=\"kroce.io/{net}\",pf=\"0000:3b:00.0\",device=\"mlx5_0\",state=\"{state}\"}} {v}"
+            )
         };
         sample(&pool("a", "configured", 2));
         sample(&pool("a", "healthy", 1));
@@ -425,7 +427,20 @@ mod tests {
         ] {
             assert!(names.contains(n), "{n} not in {names:?}");
         }
-        for l in ["node", "device", "port", "netdev", "direction", "priority", "pool", "network", "pf", "state", "phase", "stat"] {
+        for l in [
+            "node",
+            "device",
+            "port",
+            "netdev",
+            "direction",
+            "priority",
+            "pool",
+            "network",
+            "pf",
+            "state",
+            "phase",
+            "stat",
+        ] {
             assert!(labels.contains(l), "{l} not in {labels:?}");
         }
     }
