@@ -174,6 +174,8 @@ expect_refused "relative DRA state dir" "/dra/paths/stateDir" --set dra.paths.st
 expect_refused "shared pool without selectors" "/dra/sharedPools/0" --set dra.sharedPools[0].resourceName=hca
 expect_refused "negative alert threshold" "/alerts/pauseStorm/framesPerSecond" --set alerts.pauseStorm.framesPerSecond=-1
 expect_refused "alert for not a duration" "/alerts/discards/for" --set alerts.discards.for=soon
+expect_refused "paused-time fraction above 1" "/alerts/pausedTime/fraction" --set alerts.pausedTime.fraction=2
+expect_refused "dashboard label not a string" "/grafanaDashboard/labels/grafana_dashboard" --set grafanaDashboard.labels.grafana_dashboard=1
 expect_refused "shared pool count 0" "/dra/sharedPools/0/sharedCount" \
   --set dra.sharedPools[0].resourceName=hca --set dra.sharedPools[0].sharedCount=0 \
   --set dra.sharedPools[0].selectors.vendors[0]=15b3
