@@ -322,9 +322,12 @@ fn legend_labels(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every query of the dashboard: (where, PromQL, legend), and the label
-/// each `label_values(query, label)` variable reads.
-fn dashboard_queries() -> (Vec<(String, String, String)>, Vec<(String, String)>) {
+/// (where, PromQL, legend).
+type Query = (String, String, String);
+
+/// Every query of the dashboard, and the label each
+/// `label_values(query, label)` variable reads (with where).
+fn dashboard_queries() -> (Vec<Query>, Vec<(String, String)>) {
     let path = chart_file("kroce-dashboard.json");
     let text = std::fs::read_to_string(&path).expect("read dashboard");
     let dash: serde_json::Value =
