@@ -532,10 +532,11 @@ fn alerts_fire_on_injected_counters_and_every_dashboard_panel_has_data() {
     };
     // Both ports start with normal traffic; the first turns to a storm later.
     let normal1 = port(&dev1, "ens1f0", normal_rates());
+    let (port_rates, hw_rates, ethtool_rates) = storm_rates();
     let storm1 = Port {
-        port_rates: storm_rates().0,
-        hw_rates: storm_rates().1,
-        ethtool_rates: storm_rates().2,
+        port_rates,
+        hw_rates,
+        ethtool_rates,
         ..normal1.clone()
     };
     let normal2 = port(&dev2, "ens2f0", normal_rates());
@@ -608,6 +609,22 @@ fn alerts_fire_on_injected_counters_and_every_dashboard_panel_has_data() {
     assert!(
         metrics.contains("kroce_rdma_pause_duration_microseconds_total{"),
         "{metrics}"
+    );
+    // The claimed VF counts as allocated in its pool.
+    let allocated = format!(
+        "kroce_vf_pool_vfs{{node=\"{NODE}\",network=\"net-a\",pool=\"kroce.io/net_a\",pf=\"0000:3b:00.0\",device=\"{dev1}\",state=\"allocated\"}} 1\n"
+    );
+    assert!(
+        metrics.contains(&allocated),
+        "no `{allocated}` in\n{metrics}"
+    );
+    let version = Command::new(&prom_bin).arg("--version").output().unwrap();
+    eprintln!(
+        "{}",
+        String::from_utf8_lossy(&version.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
     );
 
     // Prometheus: scrape and evaluate every second, the test copy of the rules.
