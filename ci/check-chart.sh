@@ -92,6 +92,42 @@ cp "$repo/ci/promtool/kroce-rules-test.yaml" "$out/rules/"
 "$promtool" check rules "$out/rules/kroce-rules.yaml" || fail=1
 "$promtool" test rules "$out/rules/kroce-rules-test.yaml" || fail=1
 
+# The Grafana dashboard: a ConfigMap with the sidecar's label only when
+# enabled, holding files/kroce-dashboard.json as valid JSON whose every
+# panel has a query and whose variables are node, device and port (its
+# PromQL is run against a real Prometheus by e2e/tests/prometheus.rs).
+render dashboard --set grafanaDashboard.enabled=true \
+  --set grafanaDashboard.labels.team=rdma --set grafanaDashboard.annotations.grafana_folder=RDMA
+if grep -q "kroce-dashboard.json" "$out/default.yaml"; then
+  echo "dashboard ConfigMap rendered with grafanaDashboard.enabled=false" >&2
+  fail=1
+fi
+python3 - "$out/dashboard.yaml" "$chart/files/kroce-dashboard.json" <<'PY' || fail=1
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cms = [d for d in docs if d["kind"] == "ConfigMap" and "kroce-dashboard.json" in d.get("data", {})]
+if len(cms) != 1:
+    sys.exit(f"expected one dashboard ConfigMap, got {len(cms)}")
+cm = cms[0]
+labels = cm["metadata"].get("labels", {})
+if labels.get("grafana_dashboard") != "1" or labels.get("team") != "rdma":
+    sys.exit(f"dashboard ConfigMap labels {labels}: want grafana_dashboard=1 and the extra label")
+if cm["metadata"].get("annotations", {}).get("grafana_folder") != "RDMA":
+    sys.exit("dashboard ConfigMap lost its annotations")
+dash = json.loads(cm["data"]["kroce-dashboard.json"])
+if dash != json.load(open(sys.argv[2])):
+    sys.exit("the rendered dashboard differs from files/kroce-dashboard.json")
+names = [v["name"] for v in dash["templating"]["list"]]
+for v in ("datasource", "node", "device", "port"):
+    if v not in names:
+        sys.exit(f"dashboard variable {v} missing: {names}")
+panels = [p for p in dash["panels"] if p["type"] != "row"]
+empty = [p["title"] for p in panels if not [t for t in p.get("targets", []) if t.get("expr")]]
+if empty:
+    sys.exit(f"panels without a query: {empty}")
+print(f"dashboard: {len(panels)} panels, variables {names}")
+PY
+
 # kroce-cni refuses a network config naming a host path (issue 19): nothing
 # the chart renders (a NAD, a ConfigMap with a CNI config) may carry one.
 if grep -nE '"(hostRoot|sysfsRoot|procRoot|stateDir|logFile)"[[:space:]]*:' "$out"/*.yaml; then
@@ -138,6 +174,8 @@ expect_refused "relative DRA state dir" "/dra/paths/stateDir" --set dra.paths.st
 expect_refused "shared pool without selectors" "/dra/sharedPools/0" --set dra.sharedPools[0].resourceName=hca
 expect_refused "negative alert threshold" "/alerts/pauseStorm/framesPerSecond" --set alerts.pauseStorm.framesPerSecond=-1
 expect_refused "alert for not a duration" "/alerts/discards/for" --set alerts.discards.for=soon
+expect_refused "paused-time fraction above 1" "/alerts/pausedTime/fraction" --set alerts.pausedTime.fraction=2
+expect_refused "dashboard label not a string" "/grafanaDashboard/labels/grafana_dashboard" --set grafanaDashboard.labels.grafana_dashboard=1
 expect_refused "shared pool count 0" "/dra/sharedPools/0/sharedCount" \
   --set dra.sharedPools[0].resourceName=hca --set dra.sharedPools[0].sharedCount=0 \
   --set dra.sharedPools[0].selectors.vendors[0]=15b3

@@ -27,8 +27,8 @@ pub const PORT_DISCARDS: &[&str] = &["port_xmit_discards", "port_rcv_errors"];
 /// `ethtool -S` (mlx5) PHY discard counters.
 pub const ETHTOOL_DISCARDS: &[&str] = &["rx_discards_phy", "tx_discards_phy"];
 
-/// Kernel counter names the chart's alert rules (charts/kroce/files/
-/// kroce-rules.yaml) rely on, per source. They are the sysfs/ethtool file
+/// Kernel counter names the chart's alert rules and dashboard
+/// (charts/kroce/files/) rely on, per source. They are the sysfs/ethtool file
 /// names; [`exported_metric_names`] turns them into metric names with the
 /// same renderer `/metrics` uses, so the rules test breaks on a rename.
 pub const RULE_PORT_COUNTERS: &[&str] = &[
@@ -81,8 +81,9 @@ pub fn exported_metric_names() -> (
             counters: counters(RULE_PORT_COUNTERS),
             hw_counters: counters(RULE_HW_COUNTERS),
             netdev_stats: counters(NETDEV_DISCARDS),
-            pause,
+            pause: pause.clone(),
             phy_discards: counters(ETHTOOL_DISCARDS),
+            pause_duration_us: pause,
         }],
         ..Default::default()
     };
@@ -143,6 +144,10 @@ pub struct PortCounters {
     pub pause: BTreeMap<PauseKey, u64>,
     /// From `ethtool -S` when given (`rx_discards_phy`, `tx_discards_phy`).
     pub phy_discards: BTreeMap<String, u64>,
+    /// Microseconds paused, from `ethtool -S` where the NIC reports it
+    /// (mlx5: `rx_prio3_pause_duration`, `tx_global_pause_duration`).
+    #[serde(default, with = "pause_map")]
+    pub pause_duration_us: BTreeMap<PauseKey, u64>,
 }
 
 /// JSON maps need string keys: pause counters serialise as a list.
@@ -226,10 +231,20 @@ fn read_counter_dir(dir: &Path, skip: &[&str], errors: &mut Vec<String>) -> BTre
     out
 }
 
-/// Picks pause and discard counters out of one netdev's `ethtool -S`.
-fn from_ethtool(stats: &BTreeMap<String, u64>) -> (BTreeMap<PauseKey, u64>, BTreeMap<String, u64>) {
-    let mut pause = BTreeMap::new();
-    let mut discards = BTreeMap::new();
+/// Pause, pause-duration and discard counters of one netdev.
+#[derive(Debug, Default)]
+struct EthtoolCounters {
+    pause: BTreeMap<PauseKey, u64>,
+    pause_duration_us: BTreeMap<PauseKey, u64>,
+    discards: BTreeMap<String, u64>,
+}
+
+/// Picks pause, pause-duration and discard counters out of one netdev's
+/// `ethtool -S`. Durations: mlx5 counts them in microseconds, per priority
+/// (`rx_prio3_pause_duration`) and for global pause
+/// (`rx_global_pause_duration`, priority "all").
+fn from_ethtool(stats: &BTreeMap<String, u64>) -> EthtoolCounters {
+    let mut out = EthtoolCounters::default();
     for (name, v) in stats {
         let dir = if name.starts_with("rx_") {
             Direction::Rx
@@ -239,31 +254,28 @@ fn from_ethtool(stats: &BTreeMap<String, u64>) -> (BTreeMap<PauseKey, u64>, BTre
             continue;
         };
         let rest = &name[3..];
-        if let Some(p) = rest
-            .strip_prefix("prio")
-            .and_then(|r| r.strip_suffix("_pause"))
-            .and_then(|p| p.parse::<u8>().ok())
-        {
-            pause.insert(
-                PauseKey {
-                    direction: dir,
-                    priority: Some(p),
-                },
-                *v,
-            );
+        let prio = |suffix: &str| {
+            rest.strip_prefix("prio")
+                .and_then(|r| r.strip_suffix(suffix))
+                .and_then(|p| p.parse::<u8>().ok())
+        };
+        let key = |priority| PauseKey {
+            direction: dir,
+            priority,
+        };
+        if let Some(p) = prio("_pause") {
+            out.pause.insert(key(Some(p)), *v);
         } else if rest == "pause_ctrl_phy" {
-            pause.insert(
-                PauseKey {
-                    direction: dir,
-                    priority: None,
-                },
-                *v,
-            );
+            out.pause.insert(key(None), *v);
+        } else if let Some(p) = prio("_pause_duration") {
+            out.pause_duration_us.insert(key(Some(p)), *v);
+        } else if rest == "global_pause_duration" {
+            out.pause_duration_us.insert(key(None), *v);
         } else if ETHTOOL_DISCARDS.contains(&name.as_str()) {
-            discards.insert(name.clone(), *v);
+            out.discards.insert(name.clone(), *v);
         }
     }
-    (pause, discards)
+    out
 }
 
 /// Parses `ethtool -S <if>` output (`     rx_packets: 123`).
@@ -309,7 +321,7 @@ pub fn read_snapshot(
             ),
             None => BTreeMap::new(),
         };
-        let (pause, phy_discards) = netdev
+        let eth = netdev
             .and_then(|n| ethtool.get(n))
             .map(from_ethtool)
             .unwrap_or_default();
@@ -330,8 +342,9 @@ pub fn read_snapshot(
                     &mut snap.errors,
                 ),
                 netdev_stats: netdev_stats.clone(),
-                pause: pause.clone(),
-                phy_discards: phy_discards.clone(),
+                pause: eth.pause.clone(),
+                phy_discards: eth.discards.clone(),
+                pause_duration_us: eth.pause_duration_us.clone(),
             });
         }
     }
@@ -430,6 +443,18 @@ pub fn render_prometheus(snap: &CounterSnapshot) -> String {
             add(
                 "kroce_rdma_pause_frames_total".into(),
                 "Ethernet pause frames (ethtool -S), per priority or all".into(),
+                with_netdev(&format!(",direction=\"{}\"{prio}", k.direction.as_str())),
+                *v,
+            );
+        }
+        for (k, v) in &p.pause_duration_us {
+            let prio = k
+                .priority
+                .map(|p| format!(",priority=\"{p}\""))
+                .unwrap_or_else(|| ",priority=\"all\"".into());
+            add(
+                "kroce_rdma_pause_duration_microseconds_total".into(),
+                "Time the port was paused (ethtool -S *_pause_duration, microseconds), per priority or all".into(),
                 with_netdev(&format!(",direction=\"{}\"{prio}", k.direction.as_str())),
                 *v,
             );
@@ -667,11 +692,35 @@ mod tests {
 
     #[test]
     fn ethtool_output_parses_and_pause_counters_are_picked() {
-        let text = "NIC statistics:\n     rx_packets: 10\n     rx_prio3_pause: 7\n     tx_prio3_pause: 2\n     rx_pause_ctrl_phy: 9\n     rx_discards_phy: 4\n     garbage line\n";
+        let text = "NIC statistics:\n     rx_packets: 10\n     rx_prio3_pause: 7\n     rx_prio3_pause_duration: 2345\n     rx_prio3_pause_transition: 3\n     tx_prio3_pause: 2\n     tx_global_pause_duration: 11\n     rx_pause_ctrl_phy: 9\n     rx_discards_phy: 4\n     garbage line\n";
         let m = parse_ethtool_stats(text);
         assert_eq!(m.get("rx_packets"), Some(&10));
         assert!(!m.contains_key("garbage line"));
-        let (pause, disc) = from_ethtool(&m);
+        let EthtoolCounters {
+            pause,
+            pause_duration_us,
+            discards: disc,
+        } = from_ethtool(&m);
+        // Durations are not frames, and transitions are neither.
+        assert_eq!(
+            pause_duration_us,
+            BTreeMap::from([
+                (
+                    PauseKey {
+                        direction: Direction::Rx,
+                        priority: Some(3)
+                    },
+                    2345
+                ),
+                (
+                    PauseKey {
+                        direction: Direction::Tx,
+                        priority: None
+                    },
+                    11
+                ),
+            ])
+        );
         assert_eq!(
             pause.get(&PauseKey {
                 direction: Direction::Rx,
@@ -688,6 +737,35 @@ mod tests {
         );
         assert_eq!(disc.get("rx_discards_phy"), Some(&4));
         assert_eq!(pause.len(), 3);
+    }
+
+    #[test]
+    fn pause_duration_is_exported_per_direction_and_priority() {
+        let m =
+            parse_ethtool_stats("rx_prio3_pause_duration: 2345\ntx_global_pause_duration: 11\n");
+        let eth = from_ethtool(&m);
+        let snap = CounterSnapshot {
+            node: "n1".into(),
+            ports: vec![PortCounters {
+                device: "mlx5_0".into(),
+                port: 1,
+                netdev: Some("ens1f0".into()),
+                pause_duration_us: eth.pause_duration_us,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render_prometheus(&snap);
+        assert!(
+            text.contains("kroce_rdma_pause_duration_microseconds_total{node=\"n1\",device=\"mlx5_0\",port=\"1\",netdev=\"ens1f0\",direction=\"rx\",priority=\"3\"} 2345\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("direction=\"tx\",priority=\"all\"} 11\n"),
+            "{text}"
+        );
+        let (names, _) = exported_metric_names();
+        assert!(names.contains("kroce_rdma_pause_duration_microseconds_total"));
     }
 
     #[test]

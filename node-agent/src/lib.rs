@@ -16,6 +16,7 @@ pub mod pf_record;
 pub mod pod_resources;
 pub mod run;
 pub mod soft;
+pub mod state_metrics;
 pub mod vfs;
 
 pub use apply::{Agent, AgentConfig, ApplyOutcome};

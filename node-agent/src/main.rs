@@ -146,7 +146,9 @@ enum Cmd {
         /// The kubelet's PodResources socket, asked before each pass which
         /// VFs the device plugin assigned to running pods ("" to not ask:
         /// then only kroce-cni's claims and the DRA checkpoint count).
-        #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+        // clap's PathBuf parser refuses "": parsed as an OS string.
+        #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock",
+              value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from))]
         pod_resources_socket: PathBuf,
         /// While IRQs wait for their device to open (a VF netdev still
         /// down), re-check them this often, seconds (when sooner than the
@@ -311,8 +313,12 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             let health = Arc::new(Health::default());
             let agent = host.agent_config();
             let checks = checks.node_checks(&node_name, &agent.root, &host.host_root);
-            // RDMA counters as of the last pass: a scrape reads nothing.
-            let extra = checks.metrics_source();
+            // RDMA counters, VF pools and admission as of the last pass: a
+            // scrape reads nothing.
+            let counters = checks.metrics_source();
+            let state = metrics.state.clone();
+            let extra: kroce_operator::http::ExtraMetrics =
+                Arc::new(move || format!("{}{}", counters(), state.text()));
             let server = tokio::spawn(kroce_operator::http::serve_with(
                 listen,
                 Arc::new(registry),
@@ -404,5 +410,33 @@ mod tests {
             "0",
         ]);
         assert!(err.is_err());
+    }
+
+    /// `--pod-resources-socket ""` (do not ask the kubelet) and
+    /// `--ethtool ""` (no ethtool) are documented; clap's PathBuf parser
+    /// refused them.
+    #[test]
+    fn empty_pod_resources_socket_and_ethtool_are_accepted() {
+        let cli = Cli::try_parse_from([
+            "kroce-node-agent",
+            "run",
+            "--node-name",
+            "n1",
+            "--pod-resources-socket",
+            "",
+            "--ethtool",
+            "",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Cmd::Run {
+            pod_resources_socket,
+            checks,
+            ..
+        } = cli.cmd
+        else {
+            panic!("not run");
+        };
+        assert!(pod_resources_socket.as_os_str().is_empty());
+        assert!(checks.ethtool.as_os_str().is_empty());
     }
 }

@@ -60,7 +60,9 @@ pub struct NodeCheckArgs {
     #[arg(long, value_enum, default_value_t = super::counters::CounterScope::Pfs)]
     pub rdma_counters: super::counters::CounterScope,
     /// `ethtool` for per-priority pause and PHY discard counters ("" to skip).
-    #[arg(long, default_value = "ethtool")]
+    // clap's PathBuf parser refuses "": parsed as an OS string.
+    #[arg(long, default_value = "ethtool",
+          value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from))]
     pub ethtool: PathBuf,
     /// Kill an `ethtool -S` that has not finished after this many seconds
     /// (its counters are then missing from that pass, and the agent logs

@@ -57,12 +57,14 @@ pub struct RunConfig {
 }
 
 /// Agent metrics: passes, changes made (drift repairs after the first),
-/// failed passes.
+/// failed passes; and the last pass's VF pool and admission gauges
+/// (`state_metrics`, served as extra families).
 #[derive(Debug, Default, Clone)]
 pub struct AgentMetrics {
     pub passes: Counter,
     pub changes: Counter,
     pub failed: Counter,
+    pub state: super::state_metrics::StateMetrics,
 }
 
 impl AgentMetrics {
@@ -450,6 +452,7 @@ pub async fn run_with(
         };
         let prev = last.map_or(&stored, |w| &w.status).clone();
         let holders = holders(&cfg.holders, pod_resources.as_deref()).await;
+        let held = holders.clone();
         let spec = state.spec.clone();
         let (a, v, l, d, r) = (
             agent_cfg.clone(),
@@ -527,6 +530,13 @@ pub async fn run_with(
             })
             .cloned()
             .collect();
+        metrics.state.set(super::state_metrics::render(
+            &cfg.node_name,
+            &state.spec,
+            &status,
+            &held,
+            &stored.admission,
+        ));
         status.conditions.extend(extra.unwrap_or_default());
         status.conditions.extend(kept);
         let now = k8s_openapi::jiff::Timestamp::now().to_string();

@@ -1,10 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! The chart's RoCE alert rules (charts/kroce/files/kroce-rules.yaml) use
-//! only metric and label names `/metrics` exports
-//! (`counters::exported_metric_names`): a rename on either side breaks this
-//! test instead of silently emptying an alert.
+//! The chart's RoCE alert rules (charts/kroce/files/kroce-rules.yaml) and
+//! Grafana dashboard (charts/kroce/files/kroce-dashboard.json) use only
+//! metric and label names the node agent's `/metrics` exports
+//! (`state_metrics::exported_metric_names`, rendered by the exporting code
+//! itself): a rename on either side breaks this test instead of silently
+//! emptying an alert or a panel.
 
-use kroce_admission::counters::exported_metric_names;
+use kroce_node_agent::state_metrics::exported_metric_names;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,8 +27,14 @@ struct Rule {
     annotations: BTreeMap<String, String>,
 }
 
+fn chart_file(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/kroce/files")
+        .join(name)
+}
+
 fn rules_path() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kroce/files/kroce-rules.yaml")
+    chart_file("kroce-rules.yaml")
 }
 
 /// The file is a Helm template: drop the `{{- ... -}}` header actions and
@@ -219,7 +227,7 @@ fn every_metric_and_label_in_the_alert_rules_is_exported() {
     let (metrics, labels) = exported_metric_names();
     let rules = load_rules();
     assert!(
-        rules.len() >= 8,
+        rules.len() >= 11,
         "expected the RoCE alerts, got {}",
         rules.len()
     );
@@ -295,9 +303,113 @@ fn the_tokenizer_finds_names_and_labels() {
             .collect()
     );
     assert_eq!(u.created, BTreeSet::from(["counter".to_string()]));
-    // The exported list itself: a pause family with its labels, a hw counter.
+    // The exported list itself: a pause family with its labels, a hw
+    // counter, the pool gauge.
     let (m, l) = exported_metric_names();
     assert!(m.contains("kroce_rdma_pause_frames_total"), "{m:?}");
     assert!(m.contains("kroce_rdma_hw_rp_cnp_handled_total"), "{m:?}");
+    assert!(m.contains("kroce_vf_pool_vfs"), "{m:?}");
     assert!(l.contains("priority") && l.contains("netdev"), "{l:?}");
+    assert!(!m.contains("kroce_rdma_port_no_such_total"));
+}
+
+/// `{{label}}` in a legend.
+fn legend_labels(text: &str) -> BTreeSet<String> {
+    text.split("{{")
+        .skip(1)
+        .filter_map(|r| r.split_once("}}"))
+        .map(|(l, _)| l.trim().to_string())
+        .collect()
+}
+
+/// (where, PromQL, legend).
+type Query = (String, String, String);
+
+/// Every query of the dashboard, and the label each
+/// `label_values(query, label)` variable reads (with where).
+fn dashboard_queries() -> (Vec<Query>, Vec<(String, String)>) {
+    let path = chart_file("kroce-dashboard.json");
+    let text = std::fs::read_to_string(&path).expect("read dashboard");
+    let dash: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut queries = Vec::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            queries.push((
+                format!("panel {:?} {}", p["title"], t["refId"]),
+                t["expr"].as_str().unwrap_or_default().to_string(),
+                t["legendFormat"].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    let mut var_labels = Vec::new();
+    for v in dash["templating"]["list"].as_array().expect("templating") {
+        let Some(q) = v["query"]["query"].as_str() else {
+            continue;
+        };
+        let inner = q
+            .strip_prefix("label_values(")
+            .and_then(|r| r.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("variable {}: not label_values(...): {q}", v["name"]));
+        let (expr, label) = inner.rsplit_once(',').expect("label_values(expr, label)");
+        let at = format!("variable {}", v["name"]);
+        queries.push((at.clone(), expr.to_string(), String::new()));
+        var_labels.push((at, label.trim().to_string()));
+    }
+    (queries, var_labels)
+}
+
+#[test]
+fn every_metric_and_label_in_the_dashboard_is_exported() {
+    let (metrics, labels) = exported_metric_names();
+    let (queries, var_labels) = dashboard_queries();
+    assert!(queries.len() >= 20, "{queries:?}");
+    let mut problems = Vec::new();
+    for (at, expr, legend) in &queries {
+        let used = used_names(expr);
+        if used.metrics.is_empty() {
+            problems.push(format!("{at}: no kroce_ metric in {expr:?}"));
+        }
+        for m in used.metrics.difference(&metrics) {
+            problems.push(format!("{at}: metric {m} is not exported"));
+        }
+        for l in used.labels.difference(&labels) {
+            problems.push(format!("{at}: label {l} is not exported"));
+        }
+        for l in legend_labels(legend) {
+            if !labels.contains(&l) {
+                problems.push(format!("{at}: legend uses label {l}, not exported"));
+            }
+        }
+    }
+    for (at, l) in &var_labels {
+        if !labels.contains(l) {
+            problems.push(format!("{at}: reads label {l}, not exported"));
+        }
+    }
+    let vars: BTreeSet<&str> = var_labels
+        .iter()
+        .filter_map(|(at, _)| at.strip_prefix("variable "))
+        .map(|n| n.trim_matches('"'))
+        .collect();
+    assert_eq!(
+        vars,
+        BTreeSet::from(["node", "device", "port"]),
+        "dashboard variables"
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn a_renamed_metric_or_label_is_caught() {
+    let (metrics, labels) = exported_metric_names();
+    let u = used_names(
+        r#"rate(kroce_rdma_pause_frame_total{node=~"$node",prio="3"}[$__rate_interval])"#,
+    );
+    assert!(!u.metrics.is_subset(&metrics), "{u:?}");
+    assert!(!u.labels.is_subset(&labels), "{u:?}");
+    assert_eq!(
+        legend_labels("{{direction}} prio {{ priority }}"),
+        BTreeSet::from(["direction".into(), "priority".into()])
+    );
 }
