@@ -455,17 +455,9 @@ async fn write_queued(book: Arc<Mutex<Book>>, store: Arc<dyn CheckpointStore>) {
     }
 }
 
-/// Writes `writes` in order; on a failure removes what it wrote.
+/// Writes `writes` all or nothing (one group fsync: `files::write_atomic_all`).
 fn write_all(writes: &[(PathBuf, Vec<u8>)]) -> Result<(), FileError> {
-    let mut written = Vec::new();
-    for (path, bytes) in writes {
-        if let Err(e) = files::write_atomic(path, bytes) {
-            remove_all(&written);
-            return Err(e);
-        }
-        written.push(path.clone());
-    }
-    Ok(())
+    files::write_atomic_all(writes)
 }
 
 fn remove_all(paths: &[PathBuf]) {
