@@ -123,6 +123,7 @@ mod tests {
                     .unwrap()
                 }],
                 soft_devices: vec![],
+                rdma_netns_modes: vec![],
             },
         );
         s.metadata.generation = Some(1);

@@ -832,6 +832,7 @@ fn soft_devices_are_checked_not_created() {
             resource_name: "rdma/vf".into(),
             if_names: vec!["kvf0".into(), "kvf1".into()],
         }],
+        rdma_netns_modes: vec![],
     };
     let o = rig.apply(&spec);
     assert!(rig.kernel.writes().is_empty(), "{:?}", rig.kernel.writes());

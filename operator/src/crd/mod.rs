@@ -9,10 +9,12 @@ pub mod node_state;
 
 pub use admission::{AdmissionGate, AdmissionResult, AdmissionSpec, LatencyTest, NetworkAdmission};
 pub use conditions::{Condition, ConditionStatus};
+pub use network::RdmaNetnsModeSetting;
 pub use network::{
     Frontend, IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec,
     RdmaNetworkStatus, ReservedCpusMode, Trust,
 };
+pub use node_state::NetnsModeRequest;
 pub use node_state::{
     HeldVf, IrqPlacement, ObservedPf, ObservedQos, ObservedSoftDevice, ObservedVf, PfConfig,
     RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SoftDeviceGroup, SyncState, VfGroup,

@@ -253,6 +253,29 @@ impl Frontend {
     }
 }
 
+/// The host's RDMA netns mode a network needs on its nodes (ib_core's
+/// `netns_mode`, `rdma system show`).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum RdmaNetnsModeSetting {
+    /// Each RDMA device lives in one netns and moves with its VF into the
+    /// pod: RDMA isolation between pods (kroce-cni's `rdma: auto` moves it).
+    Exclusive,
+    /// Every RDMA device is visible in every netns; none moves.
+    Shared,
+    /// kroce leaves the mode (and its module option) alone: the default.
+    #[default]
+    Unmanaged,
+}
+
+impl RdmaNetnsModeSetting {
+    pub fn is_unmanaged(&self) -> bool {
+        *self == RdmaNetnsModeSetting::Unmanaged
+    }
+}
+
 /// RoCE QoS of the PFs carrying this network.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -363,6 +386,15 @@ pub struct RdmaNetworkSpec {
     /// RoCE QoS; unset leaves the NIC's QoS alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosSpec>,
+    /// The host's RDMA netns mode this network needs on its nodes:
+    /// `exclusive` (RDMA isolation: the device moves into the pod),
+    /// `shared`, or `unmanaged` (default: kroce leaves it alone). The node
+    /// agent writes the module option for the next boot and sets the mode
+    /// live when the kernel allows it (no netns but the host's yet); else
+    /// the node reports `RdmaNetnsModePending` (reason `RebootRequired`).
+    /// Networks on one node must agree.
+    #[serde(default, skip_serializing_if = "RdmaNetnsModeSetting::is_unmanaged")]
+    pub rdma_netns_mode: RdmaNetnsModeSetting,
     /// Perftest admission (see the admission docs); unset admits on configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionSpec>,

@@ -3,7 +3,7 @@
 //! node; `status` is what that node's agent found and did.
 
 use super::conditions::Condition;
-use super::network::{IrqAffinity, QosSpec};
+use super::network::{IrqAffinity, QosSpec, RdmaNetnsModeSetting};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -70,6 +70,19 @@ pub struct RdmaNodeStateSpec {
     /// Soft RDMA devices (rxe) by netdev: nothing to create, only to check.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub soft_devices: Vec<SoftDeviceGroup>,
+    /// The RDMA netns mode each network on this node asks for (networks
+    /// with `rdmaNetnsMode: unmanaged` are not listed). The agent applies
+    /// it when all agree; different modes: `Degraded`, nothing written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rdma_netns_modes: Vec<NetnsModeRequest>,
+}
+
+/// One network's `rdmaNetnsMode` on this node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetnsModeRequest {
+    pub network: String,
+    pub mode: RdmaNetnsModeSetting,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

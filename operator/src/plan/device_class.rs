@@ -255,6 +255,7 @@ mod tests {
             node_name: name.into(),
             pfs,
             soft_devices: vec![],
+            rdma_netns_modes: vec![],
         }
     }
 

@@ -5,7 +5,8 @@
 use super::device_plugin::{DevicePluginConfig, device_plugin_config};
 use super::validate::{FieldError, validate_network};
 use crate::crd::{
-    Frontend, ObservedPf, PfConfig, RdmaNetworkSpec, RdmaNodeStateSpec, SoftDeviceGroup, VfGroup,
+    Frontend, NetnsModeRequest, ObservedPf, PfConfig, RdmaNetworkSpec, RdmaNodeStateSpec,
+    SoftDeviceGroup, VfGroup,
 };
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::collections::{BTreeMap, BTreeSet};
@@ -322,10 +323,24 @@ fn plan_prepared(node: &NodeInput, networks: &[Prepared], pools: Pools) -> NodeP
         plan.desired = Desired::KeepLastGood;
         return plan;
     }
+    // The netns mode is the host's, not a PF's: each network that has
+    // devices here says what it needs; the agent judges disagreement (it
+    // names both networks in its Degraded condition and writes nothing).
+    let rdma_netns_modes = selected
+        .iter()
+        .filter(|n| {
+            !n.spec.rdma_netns_mode.is_unmanaged() && plan.matched.iter().any(|m| m == n.name)
+        })
+        .map(|n| NetnsModeRequest {
+            network: n.name.to_string(),
+            mode: n.spec.rdma_netns_mode,
+        })
+        .collect();
     let spec = RdmaNodeStateSpec {
         node_name: node.name.clone(),
         pfs: configs,
         soft_devices,
+        rdma_netns_modes,
     };
     if pools == Pools::Skipped {
         plan.desired = Desired::Spec(spec);
@@ -563,6 +578,54 @@ pub(crate) mod tests {
         assert_eq!(ranges, [("alpha", "0-3"), ("beta", "4-7")]);
         assert_eq!(s.pfs[1].vf_groups[0].vf_range, "0-7");
         assert_eq!(p.matched, ["alpha", "beta"]);
+    }
+
+    /// The node spec lists each matched network's `rdmaNetnsMode` (not
+    /// `unmanaged`, not networks without devices here), in name order;
+    /// disagreement is the agent's to report, so it is carried as it is.
+    #[test]
+    fn netns_modes_fold_per_matched_network() {
+        use crate::crd::RdmaNetnsModeSetting as M;
+        let with = |name: &str, pf: &str, mode: M| {
+            let mut n = net(name, &[pf], 8);
+            n.spec.rdma_netns_mode = mode;
+            n
+        };
+        let modes = |nets: &[NetworkInput]| -> Vec<(String, M)> {
+            spec_of(&plan_node(&node("n1", &[]), nets))
+                .rdma_netns_modes
+                .iter()
+                .map(|r| (r.network.clone(), r.mode))
+                .collect()
+        };
+        let table: Vec<(Vec<NetworkInput>, Vec<(&str, M)>)> = vec![
+            (vec![net("a", &["ens1f0"], 8)], vec![]),
+            (vec![with("a", "ens1f0", M::Unmanaged)], vec![]),
+            (
+                vec![with("a", "ens1f0", M::Exclusive)],
+                vec![("a", M::Exclusive)],
+            ),
+            (
+                vec![
+                    with("b", "ens2f0", M::Shared),
+                    with("a", "ens1f0", M::Exclusive),
+                ],
+                vec![("a", M::Exclusive), ("b", M::Shared)],
+            ),
+            // No PF of this node: its mode does not bind the node.
+            (vec![with("a", "ens9f0", M::Exclusive)], vec![]),
+        ];
+        for (nets, want) in table {
+            let want: Vec<(String, M)> =
+                want.into_iter().map(|(n, m)| (n.to_string(), m)).collect();
+            assert_eq!(modes(&nets), want);
+        }
+        // The field round-trips under its CRD name; unmanaged is omitted.
+        let n = with("a", "ens1f0", M::Exclusive);
+        let v = serde_json::to_value(&n.spec).unwrap();
+        assert_eq!(v["rdmaNetnsMode"], "exclusive");
+        let v = serde_json::to_value(&net("a", &["ens1f0"], 8).spec).unwrap();
+        assert!(v.get("rdmaNetnsMode").is_none(), "{v}");
     }
 
     #[test]
