@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod holders;
 pub mod host_files;
 pub mod links;
+pub mod netns_mode;
 pub mod node_checks;
 pub mod pf_record;
 pub mod pod_resources;
