@@ -6,6 +6,7 @@ use super::dcb::{DCB_CAP_DCBX_HOST, DCB_CAP_DCBX_VER_IEEE, Dcb, DcbApp, DcbError
 use super::holders::VfHolders;
 use super::host_files::{ensure_value, irqbalance_running, read_trimmed};
 use super::links::LinkControl;
+use super::netns_mode::NetnsModeHost;
 use super::pf_record::{ChangedPfs, PfRecord};
 use super::soft::check_soft_devices;
 use super::vfs::VfControl;
@@ -40,6 +41,8 @@ pub struct Agent<'a> {
     pub dcb: &'a dyn Dcb,
     /// Which PFs kroce changed and what they had before.
     pub record: &'a dyn PfRecord,
+    /// The host's RDMA netns mode (live and kroce's modprobe.d file).
+    pub netns_mode: &'a dyn NetnsModeHost,
 }
 
 impl std::fmt::Debug for Agent<'_> {
@@ -88,6 +91,8 @@ struct Pass {
     unsupported: Vec<String>,
     placements: Vec<IrqPlacement>,
     blocked: BTreeSet<PciAddress>,
+    /// `RdmaNetnsModePending`, from the netns mode step.
+    netns_mode: Option<Condition>,
     /// PFs kroce changed, with their VF count before (loaded at the start
     /// of the pass, saved before each first write and after each release).
     record: ChangedPfs,
@@ -114,6 +119,14 @@ impl Agent<'_> {
         let root = &self.config.root;
         let host = Host::scan(root);
         let mut pass = Pass::default();
+        // The host-wide RDMA netns mode first: it depends on no PF, and a
+        // bad PF spec must not keep it from the next boot's file.
+        let netns = super::netns_mode::apply(self.netns_mode, &spec.rdma_netns_modes);
+        pass.changes.extend(netns.changes);
+        for (reason, msg) in netns.errors {
+            pass.error(&reason, msg);
+        }
+        pass.netns_mode = Some(netns.condition);
         match self.record.load() {
             Ok(r) => pass.record = r,
             Err(e) => {
@@ -882,6 +895,9 @@ impl Agent<'_> {
                 ),
             )
         });
+        conditions.push(pass.netns_mode.clone().unwrap_or_else(|| {
+            Condition::new(super::netns_mode::PENDING_CONDITION, false, "Unmanaged", "")
+        }));
         status.conditions = conditions;
         status.sync_state = if !pass.errors.is_empty() {
             SyncState::Failed

@@ -63,6 +63,10 @@ struct HostArgs {
     /// <host-root>/var/lib/cni/kroce.
     #[arg(long)]
     cni_state_dir: Option<PathBuf>,
+    /// The host's modprobe.d: the agent keeps its RDMA netns mode file
+    /// there (`rdmaNetnsMode`). Default <host-root>/etc/modprobe.d.
+    #[arg(long)]
+    modprobe_dir: Option<PathBuf>,
     /// The DRA plugin's checkpoint, read for the VFs prepared claims hold.
     /// Default <host-root>/var/lib/kroce/dra/checkpoint.json.
     #[arg(long)]
@@ -82,6 +86,17 @@ impl HostArgs {
                 kroce_node_agent::pf_record::DEFAULT_STATE_DIR,
             )
         }))
+    }
+
+    fn netns_mode(&self) -> kroce_node_agent::netns_mode::KernelNetnsMode {
+        kroce_node_agent::netns_mode::KernelNetnsMode {
+            modprobe_dir: self.modprobe_dir.clone().unwrap_or_else(|| {
+                under(
+                    &self.host_root,
+                    kroce_node_agent::netns_mode::DEFAULT_MODPROBE_DIR,
+                )
+            }),
+        }
     }
 
     fn holder_sources(&self) -> HolderSources {
@@ -250,12 +265,14 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
     let record = host.record();
     let links = RtnetlinkLinks::new()?;
     let dcb = NetlinkDcb::new(SocketTransport::new()?);
+    let netns_mode = host.netns_mode();
     let agent = Agent {
         config: &cfg,
         vfs: &vfs,
         links: &links,
         dcb: &dcb,
         record: &record,
+        netns_mode: &netns_mode,
     };
     // Without a kubelet to ask: the CNI claims and the DRA checkpoint.
     let holders = NodeHolders::read(&host.holder_sources());
@@ -279,10 +296,14 @@ fn doctor_once(host: &HostArgs, args: &kroce_node_agent::doctor::DoctorArgs) -> 
         dcb: SocketTransport::new().ok().map(NetlinkDcb::new),
     };
     let report = kroce_node_agent::doctor::run(&cfg, &live)?;
+    let netns = kroce_node_agent::netns_mode::doctor_line(&host.netns_mode());
     if args.json {
         println!("{}", report.to_json()?);
+        // The JSON is the checks' own format: the mode goes to stderr.
+        eprintln!("{netns}");
     } else {
         print!("{}", report.render_table());
+        println!("{netns}");
     }
     if report.worst() == Status::Fail {
         std::process::exit(1);
@@ -349,7 +370,10 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                     )) as _
                 });
             let record = Arc::new(host.record());
-            let r = kroce_node_agent::run::run(client, cfg, record, pod_resources, metrics).await;
+            let netns_mode = Arc::new(host.netns_mode());
+            let r =
+                kroce_node_agent::run::run(client, cfg, record, netns_mode, pod_resources, metrics)
+                    .await;
             health
                 .failed
                 .store(true, std::sync::atomic::Ordering::Relaxed);

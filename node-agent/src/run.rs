@@ -168,6 +168,7 @@ pub struct HostEdges {
     pub links: Arc<dyn LinkControl>,
     pub dcb: Arc<dyn Dcb>,
     pub record: Arc<dyn PfRecord>,
+    pub netns_mode: Arc<dyn crate::netns_mode::NetnsModeHost>,
     /// `None`: no kubelet PodResources (its socket not configured).
     pub pod_resources: Option<Arc<dyn PodResourcesSource>>,
 }
@@ -184,6 +185,7 @@ pub async fn run(
     client: Client,
     cfg: RunConfig,
     record: Arc<dyn PfRecord>,
+    netns_mode: Arc<dyn crate::netns_mode::NetnsModeHost>,
     pod_resources: Option<Arc<dyn PodResourcesSource>>,
     metrics: AgentMetrics,
 ) -> anyhow::Result<()> {
@@ -195,6 +197,7 @@ pub async fn run(
         links: Arc::new(RtnetlinkLinks::new()?),
         dcb: Arc::new(NetlinkDcb::new(SocketTransport::new()?)),
         record,
+        netns_mode,
         pod_resources,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -388,6 +391,7 @@ pub async fn run_with(
         links,
         dcb,
         record,
+        netns_mode,
         pod_resources,
     } = edges;
     let agent_cfg = Arc::new(cfg.agent.clone());
@@ -454,12 +458,13 @@ pub async fn run_with(
         let holders = holders(&cfg.holders, pod_resources.as_deref()).await;
         let held = holders.clone();
         let spec = state.spec.clone();
-        let (a, v, l, d, r) = (
+        let (a, v, l, d, r, nm) = (
             agent_cfg.clone(),
             vfs.clone(),
             links.clone(),
             dcb.clone(),
             record.clone(),
+            netns_mode.clone(),
         );
         let mut pass = tokio::task::spawn_blocking(move || {
             let agent = Agent {
@@ -468,6 +473,7 @@ pub async fn run_with(
                 links: &*l,
                 dcb: &*d,
                 record: &*r,
+                netns_mode: &*nm,
             };
             agent.apply(&spec, &holders)
         });

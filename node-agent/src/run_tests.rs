@@ -270,6 +270,7 @@ impl Harness {
             links: rig.links.clone(),
             dcb: rig.dcb.clone(),
             record: rig.record.clone(),
+            netns_mode: rig.netns_mode.clone(),
             pod_resources: Some(pod_resources.clone()),
         };
         let metrics = AgentMetrics::default();

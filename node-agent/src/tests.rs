@@ -65,6 +65,7 @@ pub(super) struct Rig {
     pub(super) links: Arc<FixtureLinks>,
     pub(super) dcb: Arc<FakeDcb>,
     pub(super) record: Arc<MemPfRecord>,
+    pub(super) netns_mode: Arc<crate::netns_mode::fake::FakeNetnsMode>,
     pub(super) config: AgentConfig,
     pub(super) path: PathBuf,
 }
@@ -94,6 +95,11 @@ impl Rig {
             links: Arc::new(links),
             dcb: Arc::new(FakeDcb::default()),
             record: Arc::new(MemPfRecord::default()),
+            netns_mode: Arc::new(crate::netns_mode::fake::FakeNetnsMode::new(
+                Some(kroce_cni::netlink::rdma::RdmaNetnsMode::Shared),
+                0,
+                None,
+            )),
             config,
             path,
         }
@@ -106,6 +112,7 @@ impl Rig {
             links: &*self.links,
             dcb: &*self.dcb,
             record: &*self.record,
+            netns_mode: &*self.netns_mode,
         }
     }
 
@@ -747,6 +754,7 @@ fn vfs_that_never_appear_time_out_with_what_is_missing() {
         links: &*rig.links,
         dcb: &*rig.dcb,
         record: &*rig.record,
+        netns_mode: &*rig.netns_mode,
     };
     let mut s = spec();
     s.pfs[1].num_vfs = 16;
@@ -925,6 +933,7 @@ fn a_driver_refusing_pfc_fails_the_pass_and_names_the_pf() {
         links: &*rig.links,
         dcb: &dcb,
         record: &*rig.record,
+        netns_mode: &*rig.netns_mode,
     };
     let o = agent.apply(&spec(), &NodeHolders::default());
     assert_eq!(o.status.sync_state, SyncState::Failed, "{:#?}", o.status);
@@ -1073,4 +1082,65 @@ fn irqs_of_a_down_device_are_pending_and_pinned_when_they_appear() {
             "IRQ {irq} of {dev}: {cpus}"
         );
     }
+}
+
+/// Issue 22: the spec's `rdmaNetnsModes` reach the host through the agent's
+/// pass: applied live when the kernel allows it, `RdmaNetnsModePending` /
+/// `RebootRequired` when a netns exists, Degraded naming both networks
+/// (nothing written) when they disagree; the VFs are configured either way.
+#[test]
+fn netns_mode_is_applied_reported_and_conflicts_write_nothing() {
+    use crate::netns_mode::{CONFLICT_REASON, PENDING_CONDITION, REBOOT_REQUIRED, render};
+    use kroce_cni::netlink::rdma::RdmaNetnsMode;
+    use kroce_operator::crd::{NetnsModeRequest, RdmaNetnsModeSetting as M};
+    let req = |n: &str, mode| NetnsModeRequest {
+        network: n.into(),
+        mode,
+    };
+    let rig = Rig::new();
+    // No mode asked: the condition is there, False.
+    let o = rig.apply(&spec());
+    assert_eq!(o.status.sync_state, SyncState::Succeeded);
+    assert!(!condition(&o, PENDING_CONDITION).is_true());
+    let mut s = spec();
+    s.rdma_netns_modes = vec![req("fast", M::Exclusive)];
+    let o = rig.apply(&s);
+    assert_eq!(o.status.sync_state, SyncState::Succeeded, "{:#?}", o.status);
+    let c = condition(&o, PENDING_CONDITION);
+    assert!(!c.is_true() && c.reason == "Applied", "{c:?}");
+    assert_eq!(rig.netns_mode.state().live, Some(RdmaNetnsMode::Exclusive));
+    assert!(
+        o.changes.iter().any(|c| c.contains("set to exclusive")),
+        "{:?}",
+        o.changes
+    );
+    // A pod's netns exists now: shared can only come with a reboot.
+    rig.netns_mode.state().other_netns = 1;
+    s.rdma_netns_modes = vec![req("fast", M::Shared)];
+    let o = rig.apply(&s);
+    let c = condition(&o, PENDING_CONDITION);
+    assert!(c.is_true() && c.reason == REBOOT_REQUIRED, "{c:?}");
+    assert_eq!(o.status.sync_state, SyncState::Succeeded);
+    assert_eq!(rig.netns_mode.state().live, Some(RdmaNetnsMode::Exclusive));
+    assert_eq!(
+        rig.netns_mode.state().file.as_deref(),
+        Some(render(RdmaNetnsMode::Shared).as_str())
+    );
+    // Two networks disagree: Degraded names both, the host keeps all.
+    let sets = rig.netns_mode.state().sets.len();
+    s.rdma_netns_modes = vec![req("fast", M::Exclusive), req("slow", M::Shared)];
+    let o = rig.apply(&s);
+    assert_eq!(o.status.sync_state, SyncState::Failed);
+    let d = condition(&o, "Degraded");
+    assert!(d.is_true() && d.reason == CONFLICT_REASON, "{d:?}");
+    assert!(
+        d.message.contains("fast") && d.message.contains("slow"),
+        "{d:?}"
+    );
+    assert_eq!(rig.netns_mode.state().sets.len(), sets);
+    assert_eq!(
+        rig.netns_mode.state().file.as_deref(),
+        Some(render(RdmaNetnsMode::Shared).as_str())
+    );
+    assert_eq!(o.status.configured_pfs, 2, "the PFs are still configured");
 }
