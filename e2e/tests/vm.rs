@@ -9,6 +9,7 @@
 //! test boots the VM itself (root, `KROCE_BIN_DIR`, QEMU and the kernel from
 //! `ci/vm-peers.sh`). It skips with the reason outside CI and fails in CI.
 
+use kroce_cni::netlink::rdma::{RdmaNetnsMode, sys_set_netns_mode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -76,6 +77,10 @@ fn results() -> Option<(PathBuf, Option<tempfile::TempDir>)> {
 /// Checks the guest must have passed (more may be reported: all must pass).
 const REQUIRED: &[&str] = &[
     "igb-pf",
+    "netns-mode-exclusive-applied-live",
+    "netns-mode-reboot-required-with-netns",
+    "netns-mode-doctor-live-vs-boot",
+    "netns-mode-unmanaged-removes-file",
     "agent-apply-vfs",
     "agent-pf-irqs-numa-local",
     "agent-vf-irqs-pinned-when-open",
@@ -167,8 +172,61 @@ fn real_kernel_vm_tier() {
     if !outcome.passed {
         failed.push(format!("perftest verdict: {}", outcome.message));
     }
+    // Issue 22: iproute2's `rdma system set netns MODE` request, captured in
+    // the VM with strace, is byte for byte the node agent's (sequence
+    // number aside).
+    for mode in [RdmaNetnsMode::Exclusive, RdmaNetnsMode::Shared] {
+        let file = dir.join(format!("rdma-sys-set-{mode}.strace"));
+        let trace = std::fs::read_to_string(&file).unwrap_or_default();
+        let ours = sys_set_netns_mode(mode).finish(0);
+        match sys_set_request(&trace) {
+            Some(mut theirs) if theirs.len() >= 12 => {
+                theirs[8..12].fill(0);
+                if theirs != ours {
+                    failed.push(format!(
+                        "{}: iproute2 sent {theirs:02x?}, kroce sends {ours:02x?}",
+                        file.display()
+                    ));
+                } else {
+                    println!("rdma system set netns {mode}: iproute2's bytes = kroce's {ours:02x?}");
+                }
+            }
+            _ => failed.push(format!("{}: no SYS_SET request in the strace", file.display())),
+        }
+    }
     assert!(
         failed.is_empty() && missing.is_empty(),
         "real-kernel VM checks failed: {failed:#?}\nnot passed: {missing:?}\nguest log:\n{log}"
     );
+}
+
+/// The bytes of the first RDMA_NLDEV_CMD_SYS_SET (type 0x1407) in an
+/// `strace -xx` log of sendmsg/sendto: the first `"\x.."` string whose
+/// bytes 4..6 are `07 14`.
+fn sys_set_request(trace: &str) -> Option<Vec<u8>> {
+    for line in trace.lines() {
+        for part in line.split('"').skip(1).step_by(2) {
+            let bytes: Option<Vec<u8>> = part
+                .split("\\x")
+                .skip(1)
+                .map(|h| u8::from_str_radix(h, 16).ok())
+                .collect();
+            if let Some(b) = bytes
+                && b.len() >= 16
+                && b[4..6] == [0x07, 0x14]
+            {
+                return Some(b);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn sys_set_request_is_found_in_an_strace_line() {
+    let line = r#"1234  sendmsg(3, {msg_name={sa_family=AF_NETLINK, nl_pid=0, nl_groups=00000000}, msg_namelen=12, msg_iov=[{iov_base="\x18\x00\x00\x00\x07\x14\x05\x00\x01\x02\x03\x04\x00\x00\x00\x00\x05\x00\x42\x00\x00\x00\x00\x00", iov_len=24}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, 0) = 24"#;
+    let b = sys_set_request(line).unwrap();
+    assert_eq!(b.len(), 24);
+    assert_eq!(&b[16..20], &[0x05, 0x00, 0x42, 0x00]);
+    assert_eq!(sys_set_request("sendmsg(3, \"\\x10\\x00\", 2)"), None);
 }

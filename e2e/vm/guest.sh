@@ -45,6 +45,57 @@ check igb-pf "$([ -n "$pf" ] && echo 0 || echo 1)" "PF $pf_pci netdev ${pf:-none
 [ -n "$pf" ] || exit 1
 ip link set "$pf" up
 
+# (0) The RDMA netns mode (issue 22), first: the kernel changes it only
+# while no netns but the initial one exists (rdma_compatdev_set: EBUSY).
+# The host's modprobe.d is read-only here: the agent's goes under /tmp.
+section "(0) RDMA netns mode through kroce-node-agent apply"
+netns_etc=/tmp/netns-mode-host/etc/modprobe.d
+netns_file=$netns_etc/kroce-rdma-netns-mode.conf
+netns_apply() { # netns_apply MODE OUT: a spec with no PFs, only the mode
+  printf '{"nodeName": "vm", "rdmaNetnsModes": [{"network": "vm-net", "mode": "%s"}]}\n' "$1" >/tmp/netns-mode-spec.json
+  "$bin/kroce-node-agent" apply --spec-file /tmp/netns-mode-spec.json --state-dir /run/kroce-netns-mode-agent \
+    --modprobe-dir "$netns_etc" >"$out/$2.json" 2>"$out/$2.err"
+}
+pending_of() { # pending_of FILE: "status reason" of RdmaNetnsModePending
+  python3 -c 'import json,sys
+c=[c for c in json.load(open(sys.argv[1]))["conditions"] if c["type"]=="RdmaNetnsModePending"]
+print(c[0]["status"], c[0]["reason"]) if c else print("absent")' "$1" 2>/dev/null
+}
+# iproute2's own request bytes (a no-op while shared: same mode is 0 in the
+# kernel), for the codec's unit test: e2e/tests/vm.rs compares them.
+live_before=$(rdma system show 2>&1 | grep -o 'netns [a-z]*')
+strace -f -e trace=sendmsg,sendto -xx -o "$out/rdma-sys-set-shared.strace" rdma system set netns shared
+netns_apply exclusive netns-mode-exclusive
+rc=$?
+live=$(rdma system show 2>&1 | grep -o 'netns [a-z]*')
+pending=$(pending_of "$out/netns-mode-exclusive.json")
+cat "$out/netns-mode-exclusive.json" "$out/netns-mode-exclusive.err"
+[ "$rc" = 0 ] && [ "$live" = "netns exclusive" ] && grep -qx 'options ib_core netns_mode=0' "$netns_file" && [ "$pending" = "False Applied" ]
+check netns-mode-exclusive-applied-live "$?" "apply exit $rc; live $live_before -> $live; $netns_file: $(grep options "$netns_file" 2>/dev/null); RdmaNetnsModePending $pending"
+strace -f -e trace=sendmsg,sendto -xx -o "$out/rdma-sys-set-exclusive.strace" rdma system set netns exclusive
+# A netns exists (a pod's): shared cannot be set live; the file says shared
+# for the next boot, the condition says a reboot is needed.
+ip netns add mode-probe
+netns_apply shared netns-mode-shared-busy
+rc=$?
+live=$(rdma system show 2>&1 | grep -o 'netns [a-z]*')
+pending=$(pending_of "$out/netns-mode-shared-busy.json")
+cat "$out/netns-mode-shared-busy.json" "$out/netns-mode-shared-busy.err"
+[ "$rc" = 0 ] && [ "$live" = "netns exclusive" ] && grep -qx 'options ib_core netns_mode=1' "$netns_file" && [ "$pending" = "True RebootRequired" ]
+check netns-mode-reboot-required-with-netns "$?" "apply exit $rc; live still $live; $netns_file: $(grep options "$netns_file" 2>/dev/null); RdmaNetnsModePending $pending"
+doctor_line=$(timeout 120 "$bin/kroce-node-agent" doctor --modprobe-dir "$netns_etc" 2>/dev/null | grep '^RDMA netns mode:')
+[ "$doctor_line" = "RDMA netns mode: live exclusive, at boot shared ($netns_file)" ]
+check netns-mode-doctor-live-vs-boot "$?" "doctor: ${doctor_line:-no line}"
+ip netns del mode-probe
+# Nothing asks any more: kroce's file goes, the live mode stays.
+printf '{"nodeName": "vm"}\n' >/tmp/netns-mode-spec.json
+"$bin/kroce-node-agent" apply --spec-file /tmp/netns-mode-spec.json --state-dir /run/kroce-netns-mode-agent \
+  --modprobe-dir "$netns_etc" >"$out/netns-mode-unmanaged.json" 2>"$out/netns-mode-unmanaged.err"
+rc=$?
+live=$(rdma system show 2>&1 | grep -o 'netns [a-z]*')
+[ "$rc" = 0 ] && [ ! -e "$netns_file" ] && [ "$live" = "netns exclusive" ]
+check netns-mode-unmanaged-removes-file "$?" "apply exit $rc; file $([ -e "$netns_file" ] && echo kept || echo removed); live $live"
+
 # (a) VFs through the node agent: the real sriov_numvfs, NUMA-local IRQs.
 section "(a) kroce-node-agent apply"
 cat >/tmp/node-state.json <<JSON
