@@ -9,16 +9,18 @@ pub mod node_state;
 
 pub use admission::{AdmissionGate, AdmissionResult, AdmissionSpec, LatencyTest, NetworkAdmission};
 pub use conditions::{Condition, ConditionStatus};
-pub use network::RdmaNetnsModeSetting;
 pub use network::{
     Frontend, IrqAffinity, IrqPolicy, NicSelector, QosSpec, RdmaNetwork, RdmaNetworkSpec,
     RdmaNetworkStatus, ReservedCpusMode, Trust,
 };
-pub use node_state::NetnsModeRequest;
 pub use node_state::{
     HeldVf, IrqPlacement, ObservedPf, ObservedQos, ObservedSoftDevice, ObservedVf, PfConfig,
     RdmaNodeState, RdmaNodeStateSpec, RdmaNodeStateStatus, SoftDeviceGroup, SyncState, VfGroup,
 };
+
+// The RDMA netns mode (issue 22), apart from the lists above.
+pub use network::RdmaNetnsModeSetting;
+pub use node_state::NetnsModeRequest;
 
 use kube::CustomResourceExt;
 
