@@ -1327,6 +1327,362 @@ mod tests {
         assert_eq!(parse_pod_ref("A/b"), None);
     }
 
+    /// A node of network `net` holding one pod's VFs (or none: `pods` empty).
+    fn on_net(name: &str, net: &str, holding: bool) -> DrainNode {
+        let mut n = node(name, if holding { &["team-a/p-0"] } else { &[] });
+        n.networks = vec![net.into()];
+        if let Some(s) = n.state.as_mut() {
+            s.needed_by = if holding { vec![net.into()] } else { vec![] };
+        }
+        n
+    }
+
+    fn policy(global: &str, overrides: &[(&str, &str)]) -> DrainPolicy {
+        DrainPolicy {
+            enabled: true,
+            max_unavailable: global.parse().unwrap(),
+            overrides: overrides
+                .iter()
+                .map(|(n, m)| (n.to_string(), m.parse().unwrap()))
+                .collect(),
+            timeout: Duration::from_secs(1800),
+        }
+    }
+
+    /// (started, waiting) node names of a plan, in order.
+    fn starts_and_waits(p: &DrainPlan) -> (Vec<&str>, Vec<&str>) {
+        let pick = |f: fn(&DrainAction) -> bool| {
+            p.actions
+                .iter()
+                .filter(|a| f(a))
+                .map(|a| a.node())
+                .collect()
+        };
+        (
+            pick(|a| matches!(a, DrainAction::Start { .. })),
+            pick(|a| matches!(a, DrainAction::Wait { .. })),
+        )
+    }
+
+    #[test]
+    fn the_budget_table() {
+        let held = |name: &str| on_net(name, "net-a", true);
+        let idle = |name: &str| on_net(name, "net-a", false);
+        let cordoned = |mut n: DrainNode| {
+            n.unschedulable = true;
+            n
+        };
+        let not_ready = |mut n: DrainNode| {
+            n.not_ready = true;
+            n
+        };
+        let draining = |mut n: DrainNode| {
+            n.mark = Some(CORDONED_BY_KROCE.into());
+            n.unschedulable = true;
+            n.started = Some(0);
+            n
+        };
+        let with = |mut n: DrainNode, nets: &[&str]| {
+            n.networks = nets.iter().map(|s| s.to_string()).collect();
+            if let Some(s) = n.state.as_mut() {
+                s.needed_by = n.networks.clone();
+            }
+            n
+        };
+        type Case<'a> = (
+            &'a str,
+            Vec<DrainNode>,
+            DrainPolicy,
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "budget 1: one node, by name",
+                vec![held("n3"), held("n1"), held("n2")],
+                policy("1", &[]),
+                &["n1"],
+                &["n2", "n3"],
+            ),
+            (
+                "budget 2",
+                vec![held("n3"), held("n1"), held("n2")],
+                policy("2", &[]),
+                &["n1", "n2"],
+                &["n3"],
+            ),
+            (
+                "50% of the 4 nodes with a state, idle ones included",
+                vec![held("n1"), held("n2"), held("n3"), idle("n4")],
+                policy("50%", &[]),
+                &["n1", "n2"],
+                &["n3"],
+            ),
+            (
+                "10% of 4 rounds down to 0, but at least 1",
+                vec![held("n1"), held("n2"), held("n3"), idle("n4")],
+                policy("10%", &[]),
+                &["n1"],
+                &["n2", "n3"],
+            ),
+            (
+                "a node cordoned by an admin counts",
+                vec![held("n1"), held("n2"), held("n3"), cordoned(idle("n9"))],
+                policy("2", &[]),
+                &["n1"],
+                &["n2", "n3"],
+            ),
+            (
+                "so does a not-ready node",
+                vec![held("n1"), held("n2"), not_ready(idle("n9"))],
+                policy("2", &[]),
+                &["n1"],
+                &["n2"],
+            ),
+            (
+                "an unschedulable node needing a drain is drained without taking room",
+                vec![held("n1"), cordoned(held("n2"))],
+                policy("1", &[]),
+                &["n2"],
+                &["n1"],
+            ),
+            (
+                "a drain under way takes its room",
+                vec![draining(held("n1")), held("n2"), held("n3")],
+                policy("2", &[]),
+                &["n2"],
+                &["n3"],
+            ),
+            (
+                "over the budget already (admins): nothing starts",
+                vec![
+                    held("n1"),
+                    cordoned(idle("n7")),
+                    cordoned(idle("n8")),
+                    cordoned(idle("n9")),
+                ],
+                policy("2", &[]),
+                &[],
+                &["n1"],
+            ),
+            (
+                "a network's maxUnavailable replaces the global budget for its nodes",
+                vec![
+                    held("a1"),
+                    held("a2"),
+                    with(held("b1"), &["net-b"]),
+                    with(held("b2"), &["net-b"]),
+                    with(held("b3"), &["net-b"]),
+                ],
+                policy("1", &[("net-b", "2")]),
+                &["a1", "b1", "b2"],
+                &["a2", "b3"],
+            ),
+            (
+                "a percentage override counts the nodes carrying the network",
+                vec![
+                    with(held("b1"), &["net-b"]),
+                    with(held("b2"), &["net-b"]),
+                    with(held("b3"), &["net-b"]),
+                    with(idle("b4"), &["net-b"]),
+                    held("a1"),
+                    held("a2"),
+                ],
+                policy("100%", &[("net-b", "50%")]),
+                &["a1", "a2", "b1", "b2"],
+                &["b3"],
+            ),
+            (
+                "a node two overriding networks need fits in both",
+                vec![
+                    with(held("x1"), &["net-b", "net-c"]),
+                    with(cordoned(idle("c9")), &["net-c"]),
+                    with(held("b1"), &["net-b"]),
+                ],
+                policy("1", &[("net-b", "2"), ("net-c", "1")]),
+                &["b1"],
+                &["x1"],
+            ),
+        ];
+        for (case, nodes, pol, starts, waits) in cases {
+            let plan = plan_drain(&nodes, &pol, 60);
+            let (s, w) = starts_and_waits(&plan);
+            assert_eq!((&s[..], &w[..]), (starts, waits), "{case}: {plan:#?}");
+            // Never above a budget kroce could keep: only an already
+            // unavailable node starts when the scope is full.
+            let before = nodes.iter().filter(|n| n.unavailable()).count();
+            let cordons = plan
+                .actions
+                .iter()
+                .filter(|a| matches!(a, DrainAction::Start { cordon: true, .. }))
+                .count();
+            if pol.overrides.is_empty() {
+                assert!(
+                    before + cordons <= plan.limit.max(before),
+                    "{case}: {before} + {cordons} above {}",
+                    plan.limit
+                );
+                assert_eq!(plan.unavailable, before + cordons, "{case}");
+            }
+        }
+    }
+
+    #[test]
+    fn wait_reasons_name_the_budget() {
+        let nodes = [
+            with_net(on_net("x1", "net-c", true), &["net-b", "net-c"]),
+            {
+                let mut c = on_net("c9", "net-c", false);
+                c.unschedulable = true;
+                c
+            },
+        ];
+        let plan = plan_drain(&nodes, &policy("1", &[("net-b", "2"), ("net-c", "1")]), 0);
+        assert_eq!(
+            plan.actions,
+            [DrainAction::Wait {
+                node: "x1".into(),
+                why: "disruption budget full: 1 of 1 nodes unavailable (RdmaNetwork net-c maxUnavailable=1)".into()
+            }]
+        );
+        let st = &plan.status["net-c"];
+        assert_eq!(
+            (
+                st.max_unavailable,
+                st.unavailable_nodes,
+                st.waiting_nodes,
+                st.draining_nodes
+            ),
+            (1, 1, 1, 0)
+        );
+        assert_eq!(plan.status["net-b"].max_unavailable, 2);
+    }
+
+    fn with_net(mut n: DrainNode, nets: &[&str]) -> DrainNode {
+        n.networks = nets.iter().map(|s| s.to_string()).collect();
+        if let Some(s) = n.state.as_mut() {
+            s.needed_by = n.networks.clone();
+        }
+        n
+    }
+
+    #[test]
+    fn a_drain_that_times_out_is_released_skipped_and_retried_on_a_new_spec() {
+        let pol = policy("1", &[]);
+        let mut n1 = on_net("n1", "net-a", true);
+        n1.mark = Some(CORDONED_BY_KROCE.into());
+        n1.unschedulable = true;
+        n1.started = Some(1_000);
+        let n2 = on_net("n2", "net-a", true);
+        // Within the timeout: still evicting, n2 waits.
+        let p = plan_drain(&[n1.clone(), n2.clone()], &pol, 1_000 + 1_799);
+        assert_eq!(starts_and_waits(&p), (vec![], vec!["n2"]));
+        assert!(matches!(
+            &p.actions[0],
+            DrainAction::Evict { stamp: false, .. }
+        ));
+        assert_eq!(p.status["net-a"].draining, ["n1"]);
+        // At the timeout: released (uncordoned), and n2 takes the room in
+        // the same round.
+        let p = plan_drain(&[n1.clone(), n2.clone()], &pol, 1_000 + 1_800);
+        assert_eq!(
+            p.actions[0],
+            DrainAction::TimedOut {
+                node: "n1".into(),
+                uncordon: true,
+                generation: Some(2),
+                pods: vec!["team-a/p-0".into()],
+                waited: Duration::from_secs(1_800),
+            }
+        );
+        assert_eq!(starts_and_waits(&p), (vec!["n2"], vec![]));
+        let st = &p.status["net-a"];
+        assert_eq!((st.timed_out_nodes, st.draining_nodes), (1, 1));
+        assert_eq!(st.timed_out, ["n1"]);
+        // Afterwards: skipped at that generation, not holding the budget.
+        let mut skipped = n1.clone();
+        skipped.mark = None;
+        skipped.started = None;
+        skipped.unschedulable = false;
+        skipped.timed_out = Some(2);
+        let n3 = on_net("n3", "net-a", true);
+        let p = plan_drain(&[skipped.clone(), n3.clone()], &pol, 5_000);
+        assert_eq!(starts_and_waits(&p), (vec!["n3"], vec!["n1"]));
+        assert_eq!(p.status["net-a"].timed_out, ["n1"]);
+        // A new spec (generation 3): its turn again, first by name.
+        if let Some(s) = skipped.state.as_mut() {
+            s.generation = Some(3);
+        }
+        let p = plan_drain(&[skipped.clone(), n3.clone()], &pol, 5_000);
+        assert_eq!(starts_and_waits(&p), (vec!["n1"], vec!["n3"]));
+        // Nothing held any more: the timed-out record goes.
+        if let Some(s) = skipped.state.as_mut() {
+            s.pods.clear();
+        }
+        assert_eq!(
+            plan_drain(&[skipped], &pol, 5_000).actions,
+            [DrainAction::Forget { node: "n1".into() }]
+        );
+        // A mark from before timeouts (no start time) gets one, never times out unstamped.
+        let mut old = on_net("n1", "net-a", true);
+        old.mark = Some(CORDONED_BY_KROCE.into());
+        assert!(matches!(
+            &plan_drain(&[old], &pol, i64::MAX / 2).actions[..],
+            [DrainAction::Evict { stamp: true, .. }]
+        ));
+    }
+
+    #[test]
+    fn simulated_rollouts_stay_within_the_budget() {
+        for (budget, limit, admin) in [("1", 1, None), ("10%", 4, Some(3)), ("25%", 10, Some(3))] {
+            let r = simulate_rollout(&Rollout {
+                nodes: 40,
+                budget: budget.parse().unwrap(),
+                timeout: Duration::from_secs(1800),
+                drain_secs: |i| 120 + (i as i64 % 4) * 30,
+                stuck: [7].into(),
+                cordoned: admin.into_iter().collect(),
+            });
+            assert_eq!(r.limit, limit, "{budget}");
+            assert!(r.peak_unavailable <= limit, "{budget}: {r:?}");
+            assert_eq!(r.timed_out, ["node-00007"], "{budget}");
+            assert_eq!(r.drained, 39, "{budget}");
+            // The admin's node counts: kroce never has the whole budget.
+            let room = limit - usize::from(admin.is_some());
+            assert_eq!(r.peak_cordoned, room, "{budget}: {r:?}");
+        }
+        // Budget 1 and a node an admin keeps cordoned: only that node is
+        // drained (it takes no room); the rest waits for the admin.
+        let r = simulate_rollout(&Rollout {
+            nodes: 40,
+            budget: MaxUnavailable::Count(1),
+            timeout: Duration::from_secs(1800),
+            drain_secs: |_| 180,
+            stuck: BTreeSet::new(),
+            cordoned: [3].into(),
+        });
+        assert_eq!(
+            (r.drained, r.peak_cordoned, r.peak_unavailable),
+            (1, 0, 1),
+            "{r:?}"
+        );
+        // More room, faster: the 25% rollout is several times the 1-node one.
+        let time = |b: &str| {
+            simulate_rollout(&Rollout {
+                nodes: 40,
+                budget: b.parse().unwrap(),
+                timeout: Duration::from_secs(1800),
+                drain_secs: |_| 180,
+                stuck: BTreeSet::new(),
+                cordoned: BTreeSet::new(),
+            })
+            .seconds
+        };
+        let (one, quarter) = (time("1"), time("25%"));
+        assert_eq!(one, 40 * 180);
+        assert!(quarter * 8 < one, "{quarter} vs {one}");
+    }
+
     use crate::metrics::Metrics;
     use kroce_operator::testing::mock::ApiServer;
     use serde_json::{Value, json};
@@ -1517,6 +1873,173 @@ mod tests {
                 .iter()
                 .any(|r| r.starts_with("POST /apis/events.k8s.io/v1/namespaces/default/events")),
             "drain changes are published as events"
+        );
+    }
+
+    fn net_state(node: &str, pod: &str) -> Value {
+        json!({
+            "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
+            "metadata": {"name": node, "generation": 2},
+            "spec": {"nodeName": node, "pfs": [{
+                "pciAddress": "0000:3b:00.0", "ifName": "ens1f0", "numVfs": 2,
+                "vfGroups": [{"network": "net-a", "resourceName": "rdma/net-a", "vfRange": "0-1"}]
+            }]},
+            "status": {
+                "observedGeneration": 2, "syncState": "InProgress",
+                "heldVfs": [{"pf": "0000:3b:00.0", "index": 3, "pciAddress": "0000:3b:00.5",
+                             "pods": [pod], "reason": "VF 3 (0000:3b:00.5) held"}]
+            }
+        })
+    }
+
+    fn drain_of(server: &ApiServer) -> Value {
+        server.get(KROCE, "rdmanetworks", "", "net-a").unwrap()["status"]["drain"].clone()
+    }
+
+    fn drain_status_writes(server: &ApiServer) -> usize {
+        server
+            .calls()
+            .iter()
+            .filter(|c| {
+                c.method == "PATCH"
+                    && c.path.ends_with("/rdmanetworks/net-a/status")
+                    && c.query.contains("fieldManager=kroce-drain")
+            })
+            .count()
+    }
+
+    async fn network_reconcile(ctx: &Context, server: &ApiServer) {
+        let net: RdmaNetwork =
+            serde_json::from_value(server.get(KROCE, "rdmanetworks", "", "net-a").unwrap())
+                .unwrap();
+        crate::reconcile(Arc::new(net), fresh(ctx, server))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_network_budget_a_timeout_and_status_drain_against_the_api() {
+        let (ctx, server) = test_ctx();
+        server.insert(
+            KROCE,
+            "rdmanetworks",
+            json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+                   "metadata": {"name": "net-a", "generation": 1},
+                   "spec": {"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 2,
+                            "maxUnavailable": "2"}}),
+        );
+        for i in 1..=3 {
+            let (n, p) = (format!("n{i}"), format!("p-{i}"));
+            server.insert(
+                CORE,
+                "nodes",
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}),
+            );
+            server.insert(
+                KROCE,
+                "rdmanodestates",
+                net_state(&n, &format!("team-a/{p}")),
+            );
+            server.insert(CORE, "pods", pod("team-a", &p, &n));
+        }
+        // n2's pod has a PodDisruptionBudget that never allows it.
+        if let Ok(mut r) = server.refuse_eviction.lock() {
+            r.push("team-a/p-2".into());
+        }
+        let on = DrainSettings::on();
+        // The network's budget (2) replaces the flag's (1): n1 and n2 go.
+        step_at(&fresh(&ctx, &server), &on, NOW).await.unwrap();
+        assert!(is_cordoned(&node_obj(&server, "n1")));
+        assert!(is_cordoned(&node_obj(&server, "n2")));
+        assert!(!is_cordoned(&node_obj(&server, "n3")));
+        assert_eq!(
+            drain_of(&server),
+            json!({"maxUnavailable": 2, "unavailableNodes": 2, "drainingNodes": 2,
+                   "waitingNodes": 1, "timedOutNodes": 0, "draining": ["n1", "n2"]})
+        );
+        assert_eq!(drain_status_writes(&server), 1);
+        // Same facts: no write.
+        step_at(&fresh(&ctx, &server), &on, NOW + 15).await.unwrap();
+        assert_eq!(drain_status_writes(&server), 1);
+        // The network loop's own status writes leave status.drain alone,
+        // and do not rewrite for it.
+        network_reconcile(&ctx, &server).await; // adds the finalizer
+        network_reconcile(&ctx, &server).await;
+        let net = server.get(KROCE, "rdmanetworks", "", "net-a").unwrap();
+        assert!(net["status"]["conditions"].is_array(), "{net}");
+        assert_eq!(drain_of(&server)["drainingNodes"], 2, "{net}");
+        let before = server.calls().len();
+        network_reconcile(&ctx, &server).await;
+        assert!(
+            !server.calls()[before..]
+                .iter()
+                .any(|c| c.method == "PATCH" && c.path.ends_with("/status")),
+            "a status write for nothing"
+        );
+
+        // n1 done: n3 takes its room.
+        server.edit(KROCE, "rdmanodestates", "", "n1", |o| {
+            o["status"]["heldVfs"] = json!([]);
+        });
+        step_at(&fresh(&ctx, &server), &on, NOW + 60).await.unwrap();
+        assert!(!is_cordoned(&node_obj(&server, "n1")));
+        assert!(is_cordoned(&node_obj(&server, "n3")));
+        assert_eq!(drain_of(&server)["draining"], json!(["n2", "n3"]));
+
+        // n2 reaches the timeout: released, reported, skipped.
+        step_at(&fresh(&ctx, &server), &on, NOW + 1800)
+            .await
+            .unwrap();
+        let n2 = node_obj(&server, "n2");
+        assert!(!is_cordoned(&n2), "{n2}");
+        assert!(annotation(&n2, DRAIN_ANNOTATION).is_null(), "{n2}");
+        assert!(annotation(&n2, DRAIN_STARTED_ANNOTATION).is_null(), "{n2}");
+        assert_eq!(annotation(&n2, DRAIN_TIMED_OUT_ANNOTATION), "2");
+        assert!(is_cordoned(&node_obj(&server, "n3")), "n3 has time left");
+        assert_eq!(
+            drain_of(&server),
+            json!({"maxUnavailable": 2, "unavailableNodes": 1, "drainingNodes": 1,
+                   "waitingNodes": 0, "timedOutNodes": 1, "draining": ["n3"],
+                   "timedOut": ["n2"]})
+        );
+        let events = server.list("/apis/events.k8s.io/v1", "events");
+        let timed_out: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["reason"] == "DrainTimedOut")
+            .collect();
+        assert_eq!(timed_out.len(), 1, "{events:?}");
+        assert_eq!(timed_out[0]["regarding"]["name"], "n2");
+        assert!(
+            timed_out[0]["note"]
+                .as_str()
+                .unwrap()
+                .contains("team-a/p-2"),
+            "{}",
+            timed_out[0]["note"]
+        );
+        // Skipped: not cordoned again while its spec stays.
+        step_at(&fresh(&ctx, &server), &on, NOW + 1815)
+            .await
+            .unwrap();
+        assert!(!is_cordoned(&node_obj(&server, "n2")));
+
+        // n3 done and n2 freed by hand: nothing concerns net-a any more,
+        // status.drain goes and so does the timed-out record.
+        for n in ["n2", "n3"] {
+            server.edit(KROCE, "rdmanodestates", "", n, |o| {
+                o["status"]["heldVfs"] = json!([]);
+            });
+        }
+        step_at(&fresh(&ctx, &server), &on, NOW + 1830)
+            .await
+            .unwrap();
+        assert!(!is_cordoned(&node_obj(&server, "n3")));
+        assert!(annotation(&node_obj(&server, "n2"), DRAIN_TIMED_OUT_ANNOTATION).is_null());
+        let net = server.get(KROCE, "rdmanetworks", "", "net-a").unwrap();
+        assert!(net["status"].get("drain").is_none(), "{net}");
+        assert!(
+            net["status"]["conditions"].is_array(),
+            "other managers' fields kept: {net}"
         );
     }
 }

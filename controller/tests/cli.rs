@@ -52,6 +52,12 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
         ][..],
         &["--leader-election=false", "--drain-held-vfs"][..],
         &["--leader-election", "false", "--drain-held-vfs=true"][..],
+        &[
+            "--leader-election=false",
+            "--drain-held-vfs",
+            "--drain-max-unavailable=10%",
+            "--drain-timeout-seconds=600",
+        ][..],
     ] {
         let err = run(args);
         assert!(
@@ -61,6 +67,14 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
     }
     let err = run(&["--drain-held-vfs=maybe", "--leader-election=false"]);
     assert!(err.contains("maybe"), "{err}");
+    // The budget's grammar is kroce_contracts::max_unavailable's.
+    let err = run(&["--drain-max-unavailable=0%", "--leader-election=false"]);
+    assert!(
+        err.contains("--drain-max-unavailable") && err.contains("\"0%\" is zero"),
+        "{err}"
+    );
+    let err = run(&["--drain-timeout-seconds=5", "--leader-election=false"]);
+    assert!(err.contains("--drain-timeout-seconds"), "{err}");
     // The chart's operator.perftest values reach these flags.
     let err = run(&[
         "--perftest-cpus=4",
