@@ -88,3 +88,34 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
         "{err}"
     );
 }
+
+/// The chart's `operator.drainMaxUnavailable` (values.schema.json) admits
+/// exactly the grammar `--drain-max-unavailable` parses
+/// (`kroce_contracts::max_unavailable`), and the template passes it on.
+#[test]
+fn chart_drain_values_are_the_flags_grammar() {
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kroce");
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(chart.join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let op = &schema["properties"]["operator"]["properties"];
+    assert_eq!(
+        op["drainMaxUnavailable"]["pattern"],
+        kroce_contracts::max_unavailable::crd_pattern().as_str()
+    );
+    // Integers (`--set operator.drainMaxUnavailable=3`) within the count's digits.
+    let max = 10u64.pow(kroce_contracts::max_unavailable::MAX_COUNT_DIGITS as u32) - 1;
+    assert_eq!(op["drainMaxUnavailable"]["maximum"], max);
+    assert_eq!(op["drainMaxUnavailable"]["minimum"], 1);
+    // The flag's own range.
+    assert_eq!(op["drainTimeoutSeconds"]["minimum"], 60);
+    assert_eq!(op["drainTimeoutSeconds"]["maximum"], 604_800);
+    let template = std::fs::read_to_string(chart.join("templates/operator.yaml")).unwrap();
+    for arg in [
+        "--drain-max-unavailable={{ .Values.operator.drainMaxUnavailable }}",
+        "--drain-timeout-seconds={{ .Values.operator.drainTimeoutSeconds }}",
+    ] {
+        assert!(template.contains(arg), "{arg}");
+    }
+}
