@@ -95,10 +95,9 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
 #[test]
 fn chart_drain_values_are_the_flags_grammar() {
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kroce");
-    let schema: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(chart.join("values.schema.json")).unwrap(),
-    )
-    .unwrap();
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).unwrap())
+            .unwrap();
     let op = &schema["properties"]["operator"]["properties"];
     assert_eq!(
         op["drainMaxUnavailable"]["pattern"],
