@@ -168,6 +168,22 @@ fn memlock_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
+/// `maxUnavailable`: the grammar of `kroce_contracts::max_unavailable`
+/// (its one place), checked by a CEL rule (as `memlock`) so a refusal
+/// reads as a sentence.
+fn max_unavailable_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let pattern = kroce_contracts::max_unavailable::crd_pattern();
+    schemars::json_schema!({
+        "type": "string",
+        "nullable": true,
+        "maxLength": 8,
+        "x-kubernetes-validations": [{
+            "rule": format!("self.matches('{pattern}')"),
+            "message": "maxUnavailable must be a whole number of nodes (1 to 99999) or a percentage of them (1% to 100%), as a string, e.g. \"3\" or \"10%\""
+        }]
+    })
+}
+
 fn if_names_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "array",
@@ -371,6 +387,15 @@ pub struct RdmaNetworkSpec {
     /// network instead (the node agent configures the VFs either way).
     #[serde(default, skip_serializing_if = "Frontend::is_device_plugin")]
     pub frontend: Frontend,
+    /// Disruption budget for the nodes this network needs drained (VFs it
+    /// removes are held by pods; the controller's `--drain-held-vfs`): at
+    /// most this many of the nodes carrying this network unschedulable at
+    /// once, a count (`3`) or a percentage of them (`10%`, rounded down,
+    /// at least 1). Quote it. Unset: the controller's
+    /// `--drain-max-unavailable` (default 1) over all kroce nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "max_unavailable_schema")]
+    pub max_unavailable: Option<String>,
 }
 
 impl RdmaNetworkSpec {
@@ -400,4 +425,36 @@ pub struct RdmaNetworkStatus {
     /// Matched nodes whose agent reports this network configured.
     #[serde(default)]
     pub ready_nodes: u32,
+    /// Drains of nodes this network needs drained (field manager
+    /// `kroce-drain`); absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainStatus>,
+}
+
+/// Most node names a [`DrainStatus`] list carries (the counts are exact).
+pub const DRAIN_STATUS_MAX_NAMES: usize = 32;
+
+/// The drain of one network's nodes: what `--drain-held-vfs` is doing to
+/// free the VFs this network removes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// The budget in force for these nodes, in nodes.
+    pub max_unavailable: u32,
+    /// Nodes in the budget's scope unschedulable now, kroce's drains and
+    /// everyone else's cordons alike.
+    pub unavailable_nodes: u32,
+    /// Nodes being drained now.
+    pub draining_nodes: u32,
+    /// Nodes waiting for room in the budget.
+    pub waiting_nodes: u32,
+    /// Nodes whose drain did not end within `--drain-timeout-seconds`:
+    /// released and skipped until their spec changes.
+    pub timed_out_nodes: u32,
+    /// The first of the nodes being drained, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<String>,
+    /// The first of the timed-out nodes, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timed_out: Vec<String>,
 }

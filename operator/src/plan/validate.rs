@@ -356,6 +356,11 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
     {
         errors.push(err("spec.memlock", e.to_string()));
     }
+    if let Some(m) = &spec.max_unavailable
+        && let Err(e) = m.parse::<kroce_contracts::max_unavailable::MaxUnavailable>()
+    {
+        errors.push(err("spec.maxUnavailable", e.to_string()));
+    }
     if let Some(q) = &spec.qos
         && q.pfc_priority > 7
     {
@@ -412,6 +417,7 @@ mod tests {
         s.ipam = Some(serde_json::json!({"subnet": "10.0.0.0/24"}));
         s.network_namespaces = vec!["Bad_NS".into()];
         s.memlock = Some("lots".into());
+        s.max_unavailable = Some("0%".into());
         let errs = validate_network("Net", &s).unwrap_err();
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
         let want = [
@@ -425,6 +431,7 @@ mod tests {
             ("spec.ipam", "type"),
             ("spec.networkNamespaces[0]", "Bad_NS"),
             ("spec.memlock", "lots"),
+            ("spec.maxUnavailable", "\"0%\""),
         ];
         for (field, needle) in want {
             assert!(
