@@ -2,6 +2,7 @@
 
 use super::admission::AdmissionSpec;
 use super::conditions::Condition;
+use kroce_contracts::link_limits;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -350,11 +351,11 @@ pub struct RdmaNetworkSpec {
     pub resource_name: Option<String>,
     /// MTU of the VFs (the PF gets at least this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 576, max = 9216))]
+    #[schemars(range(min = link_limits::MTU_MIN, max = link_limits::MTU_MAX))]
     pub mtu: Option<u32>,
     /// VLAN id the CNI sets on each VF (0 or unset: untagged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 4094))]
+    #[schemars(range(min = 0, max = link_limits::VLAN_MAX))]
     pub vlan: Option<u16>,
     /// VLAN priority (PCP) the CNI sets with `vlan`.
     #[serde(rename = "vlanQoS", default, skip_serializing_if = "Option::is_none")]

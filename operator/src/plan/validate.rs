@@ -4,6 +4,7 @@
 
 use crate::crd::network::{MAX_IFNAME_LEN, MAX_NETWORK_NAMESPACES, MAX_PF_NAME_LEN, MAX_PF_NAMES};
 use crate::crd::{Frontend, RdmaNetworkSpec};
+use kroce_contracts::link_limits;
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::fmt;
 
@@ -299,14 +300,24 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
         errors.push(err("spec.numVfs", format!("{n} is above 4096")));
     }
     if let Some(mtu) = spec.mtu
-        && !(576..=9216).contains(&mtu)
+        && !link_limits::MTU_RANGE.contains(&mtu)
     {
-        errors.push(err("spec.mtu", format!("{mtu} is outside 576-9216")));
+        errors.push(err(
+            "spec.mtu",
+            format!(
+                "{mtu} is outside {}-{}",
+                link_limits::MTU_MIN,
+                link_limits::MTU_MAX
+            ),
+        ));
     }
     if let Some(vlan) = spec.vlan
-        && vlan > 4094
+        && vlan > link_limits::VLAN_MAX
     {
-        errors.push(err("spec.vlan", format!("{vlan} is outside 0-4094")));
+        errors.push(err(
+            "spec.vlan",
+            format!("{vlan} is outside 0-{}", link_limits::VLAN_MAX),
+        ));
     }
     if let Some(q) = spec.vlan_qos {
         if q > 7 {
