@@ -272,6 +272,10 @@ def state(name):
             "spec": {"nodeName": name, "pfs": []}}
 
 
+DRAIN_STARTED = {"kroce.io/drain": "cordoned", "kroce.io/drain-started": "2026-12-05T08:00:00Z"}
+DRAIN_TIMED_OUT = {"kroce.io/drain-timed-out": "2"}
+
+
 def kroce_policy_cases(test_ns):
     """(policy name suffix, what, request, object, oldObject, params,
     None: admitted | a word the refusing message must contain)."""
@@ -286,6 +290,13 @@ def kroce_policy_cases(test_ns):
         ("operator-nodes", "admission taint added", upd_node, node(taints=[ADMIN_TAINT, KROCE_TAINT]), plain, None, None),
         ("operator-nodes", "admission taint removed", upd_node, plain, node(taints=[ADMIN_TAINT, KROCE_TAINT]), None, None),
         ("operator-nodes", "drain mark and cordon", upd_node, node(annotations=DRAIN, taints=[ADMIN_TAINT], unschedulable=True), plain, None, None),
+        # The disruption budget's drain (controller/src/drain.rs): start
+        # time with the mark, a timed-out record instead of the cordon.
+        ("operator-nodes", "drain start: mark, start time, cordon", upd_node, node(annotations=DRAIN_STARTED, taints=[ADMIN_TAINT], unschedulable=True), plain, None, None),
+        ("operator-nodes", "drain timed out: mark and cordon cleared, record set", upd_node, node(annotations=DRAIN_TIMED_OUT, taints=[ADMIN_TAINT]), node(annotations=DRAIN_STARTED, taints=[ADMIN_TAINT], unschedulable=True), None, None),
+        ("operator-nodes", "timed-out record forgotten", upd_node, node(annotations={}, taints=[ADMIN_TAINT]), node(annotations=DRAIN_TIMED_OUT, taints=[ADMIN_TAINT]), None, None),
+        ("operator-nodes", "cordon with only the timed-out record", upd_node, node(annotations=DRAIN_TIMED_OUT, taints=[ADMIN_TAINT], unschedulable=True), node(annotations=DRAIN_TIMED_OUT, taints=[ADMIN_TAINT]), None, "cordon"),
+        ("operator-nodes", "another kroce.io annotation", upd_node, node(annotations={"kroce.io/other": "x"}, taints=[ADMIN_TAINT]), plain, None, "annotation"),
         ("operator-nodes", "drain done: mark and cordon cleared", upd_node, node(annotations={}, taints=[ADMIN_TAINT]), node(annotations=DRAIN, taints=[ADMIN_TAINT], unschedulable=True), None, None),
         ("operator-nodes", "another user relabels (not matched)", request("UPDATE", "nodes", "admin"), node({"role": "x"}), plain, None, None),
         ("operator-nodes", "another label changed", upd_node, node({"node-role.kubernetes.io/worker": ""}, taints=[ADMIN_TAINT]), plain, None, "Node label"),

@@ -25,7 +25,7 @@ use kroce_cni::testing::testbed::run_in_netns;
 use kroce_cni::testing::{TestBed, skip_without_netns};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const VERSIONS: [&str; 2] = ["1.0.0", "1.1.0"];
 /// Interleaved rounds per version for the printed summary.

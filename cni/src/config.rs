@@ -21,6 +21,7 @@ use crate::log::LogLevel;
 use crate::memlock::Memlock;
 use crate::protocol::{CniArgs, CniError, CniResult, CniVersion, Dns, code};
 use crate::vf_attrs::{LinkState, VlanProto};
+use kroce_contracts::link_limits;
 use serde_json::{Map, Value};
 use sriov_helpers::PciAddress;
 use std::path::PathBuf;
@@ -416,7 +417,9 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         }
     }
 
-    let vlan = top.uint("vlan", 0, 4094)?.map(|v| v as u16);
+    let vlan = top
+        .uint("vlan", 0, link_limits::VLAN_MAX.into())?
+        .map(|v| v as u16);
     let vlan_qos = top.uint("vlanQoS", 0, 7)?.map(|v| v as u8);
     let vlan_proto = match top.string("vlanProto")? {
         None => None,
@@ -498,7 +501,13 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
     // Check the config's own mac even when overridden: a bad value is a bad config.
     top.mac("mac")?;
 
-    let mtu = top.uint("mtu", 68, 65535)?.map(|v| v as u32);
+    let mtu = top
+        .uint(
+            "mtu",
+            link_limits::MTU_MIN.into(),
+            link_limits::MTU_MAX.into(),
+        )?
+        .map(|v| v as u32);
 
     let rdma = match top.get("rdma") {
         None => RdmaPolicy::Auto,

@@ -129,7 +129,7 @@ fn check(bytes: &[u8]) {
                 assert!(n.vf.vlan.is_some());
             }
             if let Some(m) = n.mtu {
-                assert!((68..=65535).contains(&m));
+                assert!(kroce_contracts::link_limits::MTU_RANGE.contains(&m));
             }
             if let (Some(min), Some(max)) = (n.vf.min_tx_rate, n.vf.max_tx_rate) {
                 assert!(max == 0 || min <= max);

@@ -1,7 +1,7 @@
 //! The contracts between kroce's components, each defined once.
 //!
 //! A value one component writes and another reads (a memlock size in a CRD,
-//! a pool config, a CNI config and an annotation; annotation names; the
+//! a disruption budget, the MTU and VLAN ranges, a pool config, a CNI config and an annotation; annotation names; the
 //! memlock request file; device-info files and the device facts a pod reads
 //! from its env; the DRA driver's name and claim env; default
 //! paths; resource names; what `--log-level` means) lives here, so the
@@ -12,7 +12,9 @@ pub mod cni_env;
 pub mod device_facts;
 pub mod device_info;
 pub mod dra;
+pub mod link_limits;
 pub mod log;
+pub mod max_unavailable;
 pub mod memlock;
 pub mod memlock_file;
 pub mod network_attach;

@@ -62,11 +62,24 @@ enum Cmd {
         /// This replica's name in the Lease (the pod name, from the downward API).
         #[arg(long, env = "POD_NAME")]
         leader_identity: Option<String>,
-        /// When VFs that must go are held by pods: cordon that node (one at a
-        /// time), evict only those pods, uncordon when its VFs are in sync.
+        /// When VFs that must go are held by pods: cordon that node (within
+        /// --drain-max-unavailable), evict only those pods, uncordon when its
+        /// VFs are in sync.
         #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
               num_args = 0..=1, default_missing_value = "true")]
         drain_held_vfs: bool,
+        /// Most nodes unschedulable at once while draining: a count ("3") or
+        /// a percentage of the nodes with an RdmaNodeState ("10%", rounded
+        /// down, at least 1). Nodes cordoned or not ready for other reasons
+        /// count too. An RdmaNetwork's spec.maxUnavailable replaces it for
+        /// the nodes that network needs drained.
+        #[arg(long, default_value = "1")]
+        drain_max_unavailable: kroce_contracts::max_unavailable::MaxUnavailable,
+        /// A node not drained within this many seconds is released, reported
+        /// (event DrainTimedOut, the network's status.drain) and skipped
+        /// until its spec changes.
+        #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(60..=604_800))]
+        drain_timeout_seconds: u64,
         #[command(flatten)]
         admission: kroce_controller::admission::AdmissionArgs,
     },
@@ -120,8 +133,15 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             lease_duration_seconds,
             leader_identity,
             drain_held_vfs,
+            drain_max_unavailable,
+            drain_timeout_seconds,
             admission,
         } => {
+            let drain_settings = kroce_controller::drain::DrainSettings {
+                enabled: drain_held_vfs,
+                max_unavailable: drain_max_unavailable,
+                timeout: Duration::from_secs(drain_timeout_seconds),
+            };
             let identity = match (leader_election, leader_identity) {
                 (true, None) => anyhow::bail!(
                     "--leader-election needs this replica's identity: set POD_NAME from the \
@@ -157,7 +177,7 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                         shared.stores.clone(),
                     )
                     .with_admission(settings);
-                    let drain = kroce_controller::drain::run(ctx.clone(), drain_held_vfs);
+                    let drain = kroce_controller::drain::run(ctx.clone(), drain_settings);
                     tokio::select! {
                         r = kroce_controller::run(ctx, shared) => r,
                         r = drain => r,

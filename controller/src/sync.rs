@@ -538,6 +538,7 @@ pub(crate) fn network_status(
         conditions,
         matched_nodes: matched_n,
         ready_nodes: ready,
+        drain: None,
     }
 }
 
@@ -549,9 +550,13 @@ async fn patch_status(
     let previous = net.status.clone().unwrap_or_default();
     let now = jiff_now();
     stamp_transitions(&previous.conditions, &mut status.conditions, &now);
+    // `status.drain` is the drain loop's (field manager kroce-drain): not
+    // compared, and never sent (sending it would take its ownership).
+    status.drain = previous.drain.clone();
     if previous == status {
         return Ok(false);
     }
+    status.drain = None;
     let api: Api<RdmaNetwork> = Api::all(ctx.client.clone());
     let body = serde_json::json!({
         "apiVersion": "kroce.io/v1alpha1",

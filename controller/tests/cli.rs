@@ -52,6 +52,12 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
         ][..],
         &["--leader-election=false", "--drain-held-vfs"][..],
         &["--leader-election", "false", "--drain-held-vfs=true"][..],
+        &[
+            "--leader-election=false",
+            "--drain-held-vfs",
+            "--drain-max-unavailable=10%",
+            "--drain-timeout-seconds=600",
+        ][..],
     ] {
         let err = run(args);
         assert!(
@@ -61,6 +67,14 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
     }
     let err = run(&["--drain-held-vfs=maybe", "--leader-election=false"]);
     assert!(err.contains("maybe"), "{err}");
+    // The budget's grammar is kroce_contracts::max_unavailable's.
+    let err = run(&["--drain-max-unavailable=0%", "--leader-election=false"]);
+    assert!(
+        err.contains("--drain-max-unavailable") && err.contains("\"0%\" is zero"),
+        "{err}"
+    );
+    let err = run(&["--drain-timeout-seconds=5", "--leader-election=false"]);
+    assert!(err.contains("--drain-timeout-seconds"), "{err}");
     // The chart's operator.perftest values reach these flags.
     let err = run(&[
         "--perftest-cpus=4",
@@ -73,4 +87,34 @@ fn controller_leader_election_needs_an_identity_and_flags_parse() {
         err.contains("--perftest-memory") && err.contains("not a memory quantity"),
         "{err}"
     );
+}
+
+/// The chart's `operator.drainMaxUnavailable` (values.schema.json) admits
+/// exactly the grammar `--drain-max-unavailable` parses
+/// (`kroce_contracts::max_unavailable`), and the template passes it on.
+#[test]
+fn chart_drain_values_are_the_flags_grammar() {
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kroce");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).unwrap())
+            .unwrap();
+    let op = &schema["properties"]["operator"]["properties"];
+    assert_eq!(
+        op["drainMaxUnavailable"]["pattern"],
+        kroce_contracts::max_unavailable::crd_pattern().as_str()
+    );
+    // Integers (`--set operator.drainMaxUnavailable=3`) within the count's digits.
+    let max = 10u64.pow(kroce_contracts::max_unavailable::MAX_COUNT_DIGITS as u32) - 1;
+    assert_eq!(op["drainMaxUnavailable"]["maximum"], max);
+    assert_eq!(op["drainMaxUnavailable"]["minimum"], 1);
+    // The flag's own range.
+    assert_eq!(op["drainTimeoutSeconds"]["minimum"], 60);
+    assert_eq!(op["drainTimeoutSeconds"]["maximum"], 604_800);
+    let template = std::fs::read_to_string(chart.join("templates/operator.yaml")).unwrap();
+    for arg in [
+        "--drain-max-unavailable={{ .Values.operator.drainMaxUnavailable }}",
+        "--drain-timeout-seconds={{ .Values.operator.drainTimeoutSeconds }}",
+    ] {
+        assert!(template.contains(arg), "{arg}");
+    }
 }

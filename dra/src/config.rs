@@ -60,9 +60,10 @@ pub const OVERRIDABLE: [&str; 8] = [
 ];
 /// IPAM keys that name host paths (host-local's `dataDir`, dhcp's socket).
 const IPAM_PATH_KEYS: [&str; 3] = ["dataDir", "daemonSocketPath", "socketPath"];
-/// IPv4's minimum and ConnectX's largest MTU.
-pub const MTU_RANGE: std::ops::RangeInclusive<u64> = 68..=9978;
-pub const MAX_VLAN: u64 = 4094;
+use kroce_contracts::link_limits;
+const MTU_RANGE: std::ops::RangeInclusive<u64> =
+    link_limits::MTU_MIN as u64..=link_limits::MTU_MAX as u64;
+const MAX_VLAN: u64 = link_limits::VLAN_MAX as u64;
 
 /// How the RDMA device follows the netdev into the pod (the CNI's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -503,6 +503,7 @@ async fn the_controllers_network_status_apply_is_stored_and_validated() {
         ],
         matched_nodes: 0,
         ready_nodes: 0,
+        ..Default::default()
     };
     let body = json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork", "status": status});
     let got = api

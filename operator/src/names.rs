@@ -10,6 +10,9 @@ pub const MANAGER: &str = "kroce-operator";
 pub const AGENT_MANAGER: &str = "kroce-node-agent";
 /// Field manager of the admission gate's writes (taints, marks, run pods).
 pub const ADMISSION_MANAGER: &str = "kroce-admission";
+/// Field manager of `status.drain` on an `RdmaNetwork` (the controller's
+/// drain loop, apart from the network loop's own status fields).
+pub const DRAIN_MANAGER: &str = "kroce-drain";
 
 /// Finalizer on every `RdmaNetwork`: its attachment definitions and VFs go
 /// before the object does.
@@ -23,6 +26,13 @@ pub const NETWORK_LABEL: &str = "kroce.io/network";
 
 /// On a Node the controller cordoned to free held VFs: why (see drain).
 pub const DRAIN_ANNOTATION: &str = "kroce.io/drain";
+/// On a Node kroce is draining: when the drain started (RFC 3339), for
+/// `--drain-timeout-seconds`.
+pub const DRAIN_STARTED_ANNOTATION: &str = "kroce.io/drain-started";
+/// On a Node whose drain timed out: the `RdmaNodeState` generation it
+/// timed out at. The node is skipped until that generation changes (or
+/// someone removes the annotation).
+pub const DRAIN_TIMED_OUT_ANNOTATION: &str = "kroce.io/drain-timed-out";
 
 /// On admission perftest pods: the run they belong to.
 pub const ADMISSION_RUN_LABEL: &str = "kroce.io/admission-run";
@@ -49,12 +59,14 @@ mod tests {
             MANAGED_BY_LABEL,
             NETWORK_LABEL,
             DRAIN_ANNOTATION,
+            DRAIN_STARTED_ANNOTATION,
+            DRAIN_TIMED_OUT_ANNOTATION,
             ADMISSION_RUN_LABEL,
             ADMISSION_NETWORK_LABEL,
             ADMISSION_ROLE_LABEL,
             FINALIZER,
         ];
-        let managers = [MANAGER, AGENT_MANAGER, ADMISSION_MANAGER];
+        let managers = [MANAGER, AGENT_MANAGER, ADMISSION_MANAGER, DRAIN_MANAGER];
         for set in [&labels[..], &managers[..]] {
             let mut s: Vec<&str> = set.to_vec();
             s.sort_unstable();

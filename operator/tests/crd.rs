@@ -22,7 +22,7 @@ fn committed_crds_match_generated() {
     let committed = std::fs::read_to_string(committed_path()).unwrap_or_default();
     assert!(
         committed == generated,
-        "{} drifted from the Rust types: run `kroce-operator crd > charts/kroce/crds/kroce.io_crds.yaml` \
+        "{} drifted from the Rust types: run `kroce-controller crd > charts/kroce/crds/kroce.io_crds.yaml` \
          (or KROCE_UPDATE_CRDS=1 cargo test -p kroce-operator --test crd)",
         committed_path().display()
     );
@@ -359,6 +359,14 @@ fn schema_and_controller_agree_on_what_broke_later() {
             "memlock must be \"unlimited\" or a whole number of bytes",
         ),
         (
+            "maxUnavailable of zero percent",
+            "n",
+            serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
+                               "maxUnavailable": "0%"}),
+            "spec.maxUnavailable",
+            "maxUnavailable must be a whole number of nodes",
+        ),
+        (
             "ipam subnet without a prefix",
             "n",
             serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
@@ -391,7 +399,7 @@ fn schema_and_controller_agree_on_what_broke_later() {
         serde_json::json!({"nicSelector": {"ifNames": ["kvf0"]},
                            "ipam": {"type": "host-local", "subnet": "fd00:1::/64"}}),
         serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4,
-                           "memlock": "64Gi",
+                           "memlock": "64Gi", "maxUnavailable": "10%",
                            "ipam": {"type": "host-local", "subnet": "10.56.0.0/16",
                                     "rangeStart": "10.56.3.1", "rangeEnd": "10.56.255.254"}}),
     ];
@@ -456,6 +464,51 @@ fn name_rule_names_its_field_and_memlock_reads_as_a_sentence() {
         );
         assert_eq!(
             value.parse::<kroce_contracts::Memlock>().is_ok(),
+            ok,
+            "{value}"
+        );
+    }
+}
+
+/// `maxUnavailable`: a CEL rule whose pattern is
+/// `kroce_contracts::max_unavailable`'s, agreeing with its parser.
+#[test]
+fn max_unavailable_rule_is_the_contracts_grammar() {
+    let crd = serde_json::to_value(rdma_network_crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let field = &spec["properties"]["maxUnavailable"];
+    assert_eq!(field["type"], "string");
+    let rules = field["x-kubernetes-validations"].as_array().unwrap();
+    assert!(
+        rules[0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains(&kroce_contracts::max_unavailable::crd_pattern()),
+        "{rules:?}"
+    );
+    for (value, ok) in [
+        ("1", true),
+        ("250", true),
+        ("10%", true),
+        ("100%", true),
+        ("0", false),
+        ("101%", false),
+        ("010", false),
+        ("10 %", false),
+        ("100000", false),
+    ] {
+        let obj = network(serde_json::json!({"nicSelector": {"pfNames": ["ens1f0"]},
+                                             "numVfs": 4, "maxUnavailable": value}));
+        assert_eq!(
+            cel_errors(&obj).is_empty(),
+            ok,
+            "{value}: {:?}",
+            cel_errors(&obj)
+        );
+        assert_eq!(
+            value
+                .parse::<kroce_contracts::max_unavailable::MaxUnavailable>()
+                .is_ok(),
             ok,
             "{value}"
         );

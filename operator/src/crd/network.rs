@@ -2,6 +2,7 @@
 
 use super::admission::AdmissionSpec;
 use super::conditions::Condition;
+use kroce_contracts::link_limits;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -164,6 +165,22 @@ fn memlock_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "x-kubernetes-validations": [{
             "rule": format!("self.matches('{pattern}')"),
             "message": "memlock must be \"unlimited\" or a whole number of bytes above 0 with an optional suffix Ki, Mi, Gi, Ti (x1024) or k, M, G, T (x1000), e.g. 64Gi"
+        }]
+    })
+}
+
+/// `maxUnavailable`: the grammar of `kroce_contracts::max_unavailable`
+/// (its one place), checked by a CEL rule (as `memlock`) so a refusal
+/// reads as a sentence.
+fn max_unavailable_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let pattern = kroce_contracts::max_unavailable::crd_pattern();
+    schemars::json_schema!({
+        "type": "string",
+        "nullable": true,
+        "maxLength": 8,
+        "x-kubernetes-validations": [{
+            "rule": format!("self.matches('{pattern}')"),
+            "message": "maxUnavailable must be a whole number of nodes (1 to 99999) or a percentage of them (1% to 100%), as a string, e.g. \"3\" or \"10%\""
         }]
     })
 }
@@ -357,11 +374,11 @@ pub struct RdmaNetworkSpec {
     pub resource_name: Option<String>,
     /// MTU of the VFs (the PF gets at least this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 576, max = 9216))]
+    #[schemars(range(min = link_limits::MTU_MIN, max = link_limits::MTU_MAX))]
     pub mtu: Option<u32>,
     /// VLAN id the CNI sets on each VF (0 or unset: untagged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 4094))]
+    #[schemars(range(min = 0, max = link_limits::VLAN_MAX))]
     pub vlan: Option<u16>,
     /// VLAN priority (PCP) the CNI sets with `vlan`.
     #[serde(rename = "vlanQoS", default, skip_serializing_if = "Option::is_none")]
@@ -403,6 +420,15 @@ pub struct RdmaNetworkSpec {
     /// network instead (the node agent configures the VFs either way).
     #[serde(default, skip_serializing_if = "Frontend::is_device_plugin")]
     pub frontend: Frontend,
+    /// Disruption budget for the nodes this network needs drained (VFs it
+    /// removes are held by pods; the controller's `--drain-held-vfs`): at
+    /// most this many of the nodes carrying this network unschedulable at
+    /// once, a count (`3`) or a percentage of them (`10%`, rounded down,
+    /// at least 1). Quote it. Unset: the controller's
+    /// `--drain-max-unavailable` (default 1) over all kroce nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "max_unavailable_schema")]
+    pub max_unavailable: Option<String>,
 }
 
 impl RdmaNetworkSpec {
@@ -432,4 +458,36 @@ pub struct RdmaNetworkStatus {
     /// Matched nodes whose agent reports this network configured.
     #[serde(default)]
     pub ready_nodes: u32,
+    /// Drains of nodes this network needs drained (field manager
+    /// `kroce-drain`); absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainStatus>,
+}
+
+/// Most node names a [`DrainStatus`] list carries (the counts are exact).
+pub const DRAIN_STATUS_MAX_NAMES: usize = 32;
+
+/// The drain of one network's nodes: what `--drain-held-vfs` is doing to
+/// free the VFs this network removes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// The budget in force for these nodes, in nodes.
+    pub max_unavailable: u32,
+    /// Nodes in the budget's scope unschedulable now, kroce's drains and
+    /// everyone else's cordons alike.
+    pub unavailable_nodes: u32,
+    /// Nodes being drained now.
+    pub draining_nodes: u32,
+    /// Nodes waiting for room in the budget.
+    pub waiting_nodes: u32,
+    /// Nodes whose drain did not end within `--drain-timeout-seconds`:
+    /// released and skipped until their spec changes.
+    pub timed_out_nodes: u32,
+    /// The first of the nodes being drained, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<String>,
+    /// The first of the timed-out nodes, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timed_out: Vec<String>,
 }

@@ -4,6 +4,7 @@
 
 use crate::crd::network::{MAX_IFNAME_LEN, MAX_NETWORK_NAMESPACES, MAX_PF_NAME_LEN, MAX_PF_NAMES};
 use crate::crd::{Frontend, RdmaNetworkSpec};
+use kroce_contracts::link_limits;
 use sriov_helpers::{CpuList, PciAddress, PfSelector};
 use std::fmt;
 
@@ -299,14 +300,24 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
         errors.push(err("spec.numVfs", format!("{n} is above 4096")));
     }
     if let Some(mtu) = spec.mtu
-        && !(576..=9216).contains(&mtu)
+        && !link_limits::MTU_RANGE.contains(&mtu)
     {
-        errors.push(err("spec.mtu", format!("{mtu} is outside 576-9216")));
+        errors.push(err(
+            "spec.mtu",
+            format!(
+                "{mtu} is outside {}-{}",
+                link_limits::MTU_MIN,
+                link_limits::MTU_MAX
+            ),
+        ));
     }
     if let Some(vlan) = spec.vlan
-        && vlan > 4094
+        && vlan > link_limits::VLAN_MAX
     {
-        errors.push(err("spec.vlan", format!("{vlan} is outside 0-4094")));
+        errors.push(err(
+            "spec.vlan",
+            format!("{vlan} is outside 0-{}", link_limits::VLAN_MAX),
+        ));
     }
     if let Some(q) = spec.vlan_qos {
         if q > 7 {
@@ -355,6 +366,11 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
         && let Err(e) = m.parse::<kroce_contracts::Memlock>()
     {
         errors.push(err("spec.memlock", e.to_string()));
+    }
+    if let Some(m) = &spec.max_unavailable
+        && let Err(e) = m.parse::<kroce_contracts::max_unavailable::MaxUnavailable>()
+    {
+        errors.push(err("spec.maxUnavailable", e.to_string()));
     }
     if let Some(q) = &spec.qos
         && q.pfc_priority > 7
@@ -412,6 +428,7 @@ mod tests {
         s.ipam = Some(serde_json::json!({"subnet": "10.0.0.0/24"}));
         s.network_namespaces = vec!["Bad_NS".into()];
         s.memlock = Some("lots".into());
+        s.max_unavailable = Some("0%".into());
         let errs = validate_network("Net", &s).unwrap_err();
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
         let want = [
@@ -425,6 +442,7 @@ mod tests {
             ("spec.ipam", "type"),
             ("spec.networkNamespaces[0]", "Bad_NS"),
             ("spec.memlock", "lots"),
+            ("spec.maxUnavailable", "\"0%\""),
         ];
         for (field, needle) in want {
             assert!(

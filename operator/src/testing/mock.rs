@@ -206,17 +206,23 @@ fn ok(v: &Value) -> Response<MockBody> {
 /// (maps merge, lists replace: CRD lists without a list type are atomic)
 /// after dropping the fields its manager no longer sets.
 fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    // RFC 7386: an object patched onto a non-object starts from `{}`, so
+    // the patch's nulls delete, never land.
+    if !target.is_object() {
+        *target = Value::Object(Default::default());
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge(t.entry(k.clone()).or_insert(Value::Null), v);
             }
         }
-        (t, p) => *t = p.clone(),
     }
 }
 
