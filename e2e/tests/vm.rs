@@ -188,10 +188,15 @@ fn real_kernel_vm_tier() {
                         file.display()
                     ));
                 } else {
-                    println!("rdma system set netns {mode}: iproute2's bytes = kroce's {ours:02x?}");
+                    println!(
+                        "rdma system set netns {mode}: iproute2's bytes = kroce's {ours:02x?}"
+                    );
                 }
             }
-            _ => failed.push(format!("{}: no SYS_SET request in the strace", file.display())),
+            _ => failed.push(format!(
+                "{}: no SYS_SET request in the strace",
+                file.display()
+            )),
         }
     }
     assert!(
@@ -201,32 +206,57 @@ fn real_kernel_vm_tier() {
 }
 
 /// The bytes of the first RDMA_NLDEV_CMD_SYS_SET (type 0x1407) in an
-/// `strace -xx` log of sendmsg/sendto: the first `"\x.."` string whose
-/// bytes 4..6 are `07 14`.
+/// `strace -xx` log: strace decodes the netlink header (`{nlmsg_len=24,
+/// nlmsg_type=0x1407, nlmsg_flags=NLM_F_REQUEST|NLM_F_ACK, nlmsg_seq=..,
+/// nlmsg_pid=0}`) and prints the attributes as `"\x.."`; the header is
+/// rebuilt from its fields (native endian, as sent).
 fn sys_set_request(trace: &str) -> Option<Vec<u8>> {
-    for line in trace.lines() {
-        for part in line.split('"').skip(1).step_by(2) {
-            let bytes: Option<Vec<u8>> = part
-                .split("\\x")
-                .skip(1)
-                .map(|h| u8::from_str_radix(h, 16).ok())
-                .collect();
-            if let Some(b) = bytes
-                && b.len() >= 16
-                && b[4..6] == [0x07, 0x14]
-            {
-                return Some(b);
-            }
-        }
+    let line = trace.lines().find(|l| l.contains("nlmsg_type=0x1407"))?;
+    let field = |name: &str| -> Option<&str> {
+        let rest = &line[line.find(&format!("{name}="))? + name.len() + 1..];
+        Some(&rest[..rest.find([',', '}'])?])
+    };
+    let len: u32 = field("nlmsg_len")?.parse().ok()?;
+    let mut flags = 0u16;
+    for f in field("nlmsg_flags")?.split('|') {
+        flags |= match f {
+            "NLM_F_REQUEST" => 0x1,
+            "NLM_F_MULTI" => 0x2,
+            "NLM_F_ACK" => 0x4,
+            "NLM_F_ECHO" => 0x8,
+            "NLM_F_ROOT" => 0x100,
+            "NLM_F_MATCH" => 0x200,
+            hex => u16::from_str_radix(hex.strip_prefix("0x")?, 16).ok()?,
+        };
     }
-    None
+    let seq: u32 = field("nlmsg_seq")?.parse().ok()?;
+    let pid: u32 = field("nlmsg_pid")?.parse().ok()?;
+    let mut b = Vec::new();
+    b.extend_from_slice(&len.to_ne_bytes());
+    b.extend_from_slice(&0x1407u16.to_ne_bytes());
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&pid.to_ne_bytes());
+    let payload = line.split('"').nth(1)?;
+    for h in payload.split("\\x").skip(1) {
+        b.push(u8::from_str_radix(h, 16).ok()?);
+    }
+    (b.len() == len as usize).then_some(b)
 }
 
+/// The line as strace 6.x printed it in the VM (iproute2 6.1, `rdma system
+/// set netns exclusive`).
 #[test]
 fn sys_set_request_is_found_in_an_strace_line() {
-    let line = r#"1234  sendmsg(3, {msg_name={sa_family=AF_NETLINK, nl_pid=0, nl_groups=00000000}, msg_namelen=12, msg_iov=[{iov_base="\x18\x00\x00\x00\x07\x14\x05\x00\x01\x02\x03\x04\x00\x00\x00\x00\x05\x00\x42\x00\x00\x00\x00\x00", iov_len=24}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, 0) = 24"#;
-    let b = sys_set_request(line).unwrap();
-    assert_eq!(b.len(), 24);
-    assert_eq!(&b[16..20], &[0x05, 0x00, 0x42, 0x00]);
-    assert_eq!(sys_set_request("sendmsg(3, \"\\x10\\x00\", 2)"), None);
+    let line = r#"219   sendto(4, [{nlmsg_len=24, nlmsg_type=0x1407 /* NLMSG_??? */, nlmsg_flags=NLM_F_REQUEST|NLM_F_ACK, nlmsg_seq=1796460736, nlmsg_pid=0}, "\x05\x00\x42\x00\x00\x00\x00\x00"], 24, 0, {sa_family=AF_NETLINK, nl_pid=0, nl_groups=00000000}, 12) = 24"#;
+    let mut b = sys_set_request(line).unwrap();
+    b[8..12].fill(0);
+    assert_eq!(b, sys_set_netns_mode(RdmaNetnsMode::Exclusive).finish(0));
+    assert_ne!(b, sys_set_netns_mode(RdmaNetnsMode::Shared).finish(0));
+    assert_eq!(
+        sys_set_request(&line.replace("nlmsg_len=24", "nlmsg_len=28")),
+        None,
+        "a length that does not match the bytes"
+    );
+    assert_eq!(sys_set_request("sendto(3, {nlmsg_type=0x1401}"), None);
 }
