@@ -180,9 +180,10 @@ mod tests {
     }
 
     /// What iproute2 6.1's `rdma system set netns exclusive` / `shared`
-    /// sends (`sys_set_netns_cmd`: REQUEST|ACK, one u8 attribute 66, zero
-    /// padded), captured with `strace -e trace=sendmsg,sendto -xx` on the VM
-    /// tier's 7.3 kernel (e2e/vm/guest.sh, results rdma-sys-set.strace): the
+    /// sends (REQUEST|ACK, one u8 attribute 66, zero padded), captured with
+    /// `strace -e trace=sendmsg,sendto -xx` on the VM tier's 7.3 kernel
+    /// (e2e/vm/guest.sh writes rdma-sys-set-{exclusive,shared}.strace;
+    /// e2e/tests/vm.rs compares each run's capture with this builder): the
     /// sequence number differs, the rest must not.
     #[test]
     fn sys_set_bytes_match_iproute2() {
