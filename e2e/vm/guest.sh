@@ -286,6 +286,8 @@ rdma link delete rxe_vf1
 # admission runner; e2e/tests/vm.rs judges the logs with its parser and
 # thresholds.
 section "(d) ib_write_bw / ib_send_lat through kroce-perftest-run"
+# Already exclusive since (0) (kroce-node-agent apply): a no-op, kept so
+# this section stands alone.
 rdma system set netns exclusive
 rdma system show
 
