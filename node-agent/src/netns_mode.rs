@@ -491,7 +491,8 @@ mod tests {
         let fx = render(X);
         let fs = render(S);
         let conflict = Wanted::Conflict("c".into());
-        let table: Vec<(Wanted, Option<RdmaNetnsMode>, Option<&str>, Vec<Action>)> = vec![
+        type Case<'a> = (Wanted, Option<RdmaNetnsMode>, Option<&'a str>, Vec<Action>);
+        let table: Vec<Case> = vec![
             // Unmanaged: only kroce's own file goes; the live mode stays.
             (Wanted::Unmanaged, Some(X), None, vec![]),
             (

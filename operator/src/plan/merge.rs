@@ -598,7 +598,8 @@ pub(crate) mod tests {
                 .map(|r| (r.network.clone(), r.mode))
                 .collect()
         };
-        let table: Vec<(Vec<NetworkInput>, Vec<(&str, M)>)> = vec![
+        type Case = (Vec<NetworkInput>, Vec<(&'static str, M)>);
+        let table: Vec<Case> = vec![
             (vec![net("a", &["ens1f0"], 8)], vec![]),
             (vec![with("a", "ens1f0", M::Unmanaged)], vec![]),
             (
