@@ -195,6 +195,53 @@ async fn every_example_rdmanetwork_is_created_as_written() {
     }
 }
 
+/// Issue 22: `rdmaNetnsMode` is stored as written, a value outside its enum
+/// is refused naming the field, and the node state's `rdmaNetnsModes` (the
+/// controller's fold) round-trips through the real server.
+#[tokio::test]
+async fn rdma_netns_mode_is_stored_and_checked_by_the_real_server() {
+    use kroce_operator::crd::{NetnsModeRequest, RdmaNetnsModeSetting};
+    let Some(srv) = server() else { return };
+    let client = srv.client().await;
+    let api = dynamic_api::<RdmaNetwork>(client.clone());
+    let net = |name: &str, mode: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+            "metadata": {"name": name},
+            "spec": {"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 4, "rdmaNetnsMode": mode}
+        }))
+        .unwrap()
+    };
+    let created = api
+        .create(&PostParams::default(), &net("netns-x", "exclusive"))
+        .await
+        .unwrap();
+    assert_eq!(created.data["spec"]["rdmaNetnsMode"], "exclusive");
+    let e = api
+        .create(&PostParams::default(), &net("netns-bad", "Exclusive"))
+        .await
+        .unwrap_err();
+    let (fields, msg) = invalid_fields(&e);
+    assert!(
+        fields.iter().any(|f| f.contains("rdmaNetnsMode")),
+        "{fields:?} {msg}"
+    );
+    let nodes: Api<RdmaNodeState> = Api::all(client);
+    let mut spec = node_state_spec("netns-n1");
+    spec.rdma_netns_modes = vec![NetnsModeRequest {
+        network: "netns-x".into(),
+        mode: RdmaNetnsModeSetting::Exclusive,
+    }];
+    let created = nodes
+        .create(
+            &PostParams::default(),
+            &RdmaNodeState::new("netns-n1", spec.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.spec, spec);
+}
+
 /// Every field of `written` is in `stored` with the same value.
 fn assert_subset(written: &Value, stored: &Value, at: &str) {
     match (written, stored) {
