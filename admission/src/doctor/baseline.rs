@@ -411,6 +411,15 @@ pub fn compare(base: &Baseline, now: &Baseline, t: &Thresholds) -> Comparison {
                         baseline_per_sec: baseline,
                         per_sec,
                     });
+                } else {
+                    // Within bounds: still worth reading next to ECN/CNP.
+                    findings.push(Finding::Info {
+                        device: device.into(),
+                        port,
+                        counter: counter.clone(),
+                        baseline_per_sec: baseline,
+                        per_sec,
+                    });
                 }
             } else if INFO_COUNTERS.contains(&counter.as_str()) {
                 findings.push(Finding::Info {
@@ -671,6 +680,7 @@ mod tests {
             "note mlx5_1 port 1: not in the baseline",
             "note network a: perftest figures in the baseline, none given now",
             "info mlx5_0 port 1: port/port_xmit_data",
+            "info mlx5_0 port 1: pause/rx_prio3_pause 200.0/s (baseline 200.0/s)",
             "0 regression(s) against the baseline",
         ] {
             assert!(text.contains(want), "{want:?} not in\n{text}");
