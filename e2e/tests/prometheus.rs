@@ -394,7 +394,15 @@ fn admission(network: &str, passed: bool, bw: f64) -> NetworkAdmission {
                     },
                 }
             } else {
-                AdmissionPhase::Pending
+                // Its retry was due an hour ago and never happened (a
+                // controller that is down): KroceNodeAdmissionOverdue.
+                AdmissionPhase::Failed {
+                    at: now - 3_700,
+                    retry_at: now - 3_600,
+                    generation: 1,
+                    peer: Some("peer-node".into()),
+                    reason: format!("bandwidth {bw} Gb/s < 80 Gb/s"),
+                }
             },
             failures: u32::from(!passed),
             last_result: Some(Box::new(AdmissionRecord {
@@ -542,6 +550,21 @@ fn alerts_fire_on_injected_counters_and_every_dashboard_panel_has_data() {
     let normal2 = port(&dev2, "ens2f0", normal_rates());
     normal1.write(0.0).unwrap();
     normal2.write(0.0).unwrap();
+    // kroce-nri's status: a runtime (pid 812, alive in the fixture's /proc)
+    // without CAP_SYS_RESOURCE whose 8 MiB hard limit capped two requests:
+    // KroceNriMemlockCapped.
+    std::fs::create_dir_all(fx.path().join("proc/812")).unwrap();
+    std::fs::write(
+        fx.path().join("var/lib/cni/kroce/nri-status.json"),
+        json!({"version": 1, "updatedAt": 1, "runtimeName": "containerd", "runtimeVersion": "2.1.9",
+               "runtime": {"pid": 812, "capSysResource": false, "initialUserNamespace": true,
+                           "memlockSoft": "8388608", "memlockHard": "8388608"},
+               "lastCapped": {"container": "ctr-1", "pod": "team/trainer-0", "requested": "unlimited",
+                              "granted": "8388608", "at": 1},
+               "cappedCount": 2})
+        .to_string(),
+    )
+    .unwrap();
 
     write_node_state(srv);
 
@@ -694,7 +717,12 @@ fn alerts_fire_on_injected_counters_and_every_dashboard_panel_has_data() {
         .filter(|a| {
             !matches!(
                 a["labels"]["alertname"].as_str(),
-                Some("KroceNodeAdmissionFailed" | "KroceVfUnhealthy")
+                Some(
+                    "KroceNodeAdmissionFailed"
+                        | "KroceNodeAdmissionOverdue"
+                        | "KroceNriMemlockCapped"
+                        | "KroceVfUnhealthy"
+                )
             )
         })
         .map(|a| a["labels"].to_string())
@@ -770,6 +798,16 @@ fn alerts_fire_on_injected_counters_and_every_dashboard_panel_has_data() {
             labels: vec![("network", "net-b".into()), ("node", NODE.into())],
             young_series_secs: 0,
         },
+        Expected {
+            alert: "KroceNodeAdmissionOverdue",
+            labels: vec![("network", "net-b".into()), ("node", NODE.into())],
+            young_series_secs: 0,
+        },
+        Expected {
+            alert: "KroceNriMemlockCapped",
+            labels: vec![("node", NODE.into())],
+            young_series_secs: 0,
+        },
     ];
     // Every alert name of the chart is expected once at least.
     let names: BTreeSet<String> = expected.iter().map(|e| e.alert.to_string()).collect();
@@ -809,7 +847,9 @@ fn alerts_fire_on_injected_counters_and_every_dashboard_panel_has_data() {
         let began = match e.alert {
             "KroceVfUnhealthy" => vf_gone_at,
             // Written before the agent started.
-            "KroceNodeAdmissionFailed" => 0.0,
+            "KroceNodeAdmissionFailed" | "KroceNodeAdmissionOverdue" | "KroceNriMemlockCapped" => {
+                0.0
+            }
             _ => storm_start,
         };
         match fired.get(&i) {

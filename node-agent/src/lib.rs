@@ -5,6 +5,7 @@
 //! loop around it.
 
 pub mod apply;
+pub mod baseline;
 pub mod counters;
 pub mod dcb;
 pub mod doctor;

@@ -79,13 +79,17 @@ fn under(root: &std::path::Path, abs: &str) -> PathBuf {
 }
 
 impl HostArgs {
-    fn record(&self) -> FilePfRecord {
-        FilePfRecord::new(self.state_dir.clone().unwrap_or_else(|| {
+    fn state_dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| {
             under(
                 &self.host_root,
                 kroce_node_agent::pf_record::DEFAULT_STATE_DIR,
             )
-        }))
+        })
+    }
+
+    fn record(&self) -> FilePfRecord {
+        FilePfRecord::new(self.state_dir())
     }
 
     fn netns_mode(&self) -> kroce_node_agent::netns_mode::KernelNetnsMode {
@@ -183,6 +187,8 @@ enum Cmd {
         host: HostArgs,
         #[command(flatten)]
         args: kroce_node_agent::doctor::DoctorArgs,
+        #[command(flatten)]
+        baseline: kroce_node_agent::baseline::BaselineArgs,
     },
     /// Apply an RdmaNodeState spec (YAML file) to this host once, without
     /// Kubernetes, and print the resulting status as JSON. Exit 0 when in
@@ -239,7 +245,14 @@ fn main() -> anyhow::Result<()> {
             host,
             managed,
         } => apply_once(&spec_file, &host, &managed),
-        Cmd::Doctor { host, args } => doctor_once(&host, &args),
+        Cmd::Doctor {
+            host,
+            args,
+            baseline,
+        } => match baseline.baseline {
+            Some(mode) => baseline_once(mode, &host, &args, &baseline),
+            None => doctor_once(&host, &args),
+        },
         cmd => {
             init_tracing(cli.log_level.as_deref())?;
             tokio::runtime::Builder::new_multi_thread()
@@ -283,6 +296,30 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
     println!("{}", serde_json::to_string_pretty(&outcome.status)?);
     if outcome.status.sync_state != SyncState::Succeeded {
         std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// `doctor --baseline save|compare`: exit 1 on a regression, 2 when the
+/// baseline could not be taken or read (the error names the file or flag).
+fn baseline_once(
+    mode: kroce_node_agent::baseline::BaselineMode,
+    host: &HostArgs,
+    args: &kroce_node_agent::doctor::DoctorArgs,
+    baseline: &kroce_node_agent::baseline::BaselineArgs,
+) -> anyhow::Result<()> {
+    let file = baseline.file(&host.state_dir());
+    let outcome =
+        match kroce_node_agent::baseline::run(mode, baseline, host.agent_config().root, &file) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(2);
+            }
+        };
+    print!("{}", outcome.render(args.json)?);
+    if outcome.regressed() {
+        std::process::exit(1);
     }
     Ok(())
 }

@@ -299,11 +299,21 @@ impl NodeChecks {
         // No connection: containerd logs an unregistered one as an error.
         let nri = nri_socket_status(&self.config.nri_socket);
         let mut out = vec![nri_condition(&nri)];
-        let granted = crate::doctor::nri_memlock_check(
-            kroce_nri::status::read(&self.config.nri_status),
-            &self.config.nri_status,
-            root.proc(),
-        );
+        let nri_status = kroce_nri::status::read(&self.config.nri_status);
+        // The gauges follow the check: a status describing a runtime that is
+        // gone is not evidence, an unreadable one exports nothing.
+        let nri_text = match &nri_status {
+            Ok(Some(s))
+                if s.runtime
+                    .as_ref()
+                    .is_none_or(|rt| root.proc().join(rt.pid.to_string()).exists()) =>
+            {
+                crate::state_metrics::render_nri(&self.counters.node, Some(s))
+            }
+            _ => String::new(),
+        };
+        let granted =
+            crate::doctor::nri_memlock_check(nri_status, &self.config.nri_status, root.proc());
         // No status file (kroce-nri not deployed or not connected): no condition.
         if granted.status != Status::Skip {
             out.extend(doctor_conditions(&DoctorReport {
@@ -324,7 +334,7 @@ impl NodeChecks {
         {
             out.push(c);
         }
-        let text = self.counters.render(&snap);
+        let text = self.counters.render(&snap) + &nri_text;
         if let Ok(mut served) = self.served.lock() {
             *served = text;
         }
@@ -728,6 +738,8 @@ mod tests {
             !none.iter().any(|c| c.type_ == NRI_MEMLOCK_CONDITION),
             "no status file, no condition"
         );
+        let scrape = nc.metrics_source();
+        assert!(!scrape().contains("kroce_nri_"), "no status file, no gauge");
         write(&fx.path().join("proc/812/comm"), "containerd\n");
         write(
             &fx.path().join(crate::doctor::DEFAULT_NRI_STATUS),
@@ -750,6 +762,14 @@ mod tests {
         ] {
             assert!(c.message.contains(want), "{want:?} not in {}", c.message);
         }
+        // The same status as gauges `/metrics` serves (alert KroceNriMemlockCapped).
+        let text = scrape();
+        for want in [
+            "kroce_nri_memlock_capped_requests{node=\"n1\"} 2",
+            "kroce_nri_memlock_runtime_limited{node=\"n1\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == want), "no {want:?} in\n{text}");
+        }
         // Also when kroce configures nothing on the node: pods still get capped.
         let cs = nc.conditions(
             &RdmaNodeStateSpec::default(),
@@ -761,6 +781,10 @@ mod tests {
             find(&cs, NRI_MEMLOCK_CONDITION).status,
             ConditionStatus::False
         );
+        // The runtime it describes is gone: stale, no gauges.
+        std::fs::remove_dir_all(fx.path().join("proc/812")).unwrap();
+        nc.conditions(&spec(), &status_with_pfc(vec![3]), BTreeMap::new(), 4);
+        assert!(!scrape().contains("kroce_nri_"), "{}", scrape());
     }
 
     #[test]

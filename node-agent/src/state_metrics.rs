@@ -10,6 +10,9 @@
 //! may use no other (`tests/monitoring_names.rs`).
 
 use crate::holders::VfHolders;
+use kroce_admission::lifecycle::AdmissionPhase;
+use kroce_nri::Memlock;
+use kroce_nri::status::StatusFile;
 use kroce_operator::crd::{NetworkAdmission, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use sriov_helpers::CpuList;
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +27,12 @@ pub const ADMISSION_FAILURES: &str = "kroce_admission_consecutive_failures";
 pub const ADMISSION_BANDWIDTH: &str = "kroce_admission_bandwidth_gbps";
 pub const ADMISSION_PORT_RATE: &str = "kroce_admission_port_rate_gbps";
 pub const ADMISSION_LATENCY: &str = "kroce_admission_latency_microseconds";
+/// When the admission state machine's next step is due: a failed node's
+/// retry, a running test's deadline. Absent while admitted or pending (the
+/// re-test interval is the network's, which the agent does not read).
+pub const ADMISSION_DUE: &str = "kroce_admission_next_run_due_timestamp_seconds";
+pub const NRI_CAPPED: &str = "kroce_nri_memlock_capped_requests";
+pub const NRI_LIMITED: &str = "kroce_nri_memlock_runtime_limited";
 
 /// `state` values of [`POOL_VFS`].
 pub const POOL_STATES: &[&str] = &["configured", "healthy", "allocated"];
@@ -164,6 +173,19 @@ pub fn render(
                 f64::from(u8::from(a.phase == *phase)),
             );
         }
+        let due = match &a.state.phase {
+            AdmissionPhase::Failed { retry_at, .. } => Some(*retry_at),
+            AdmissionPhase::Testing { run, .. } => Some(run.deadline),
+            AdmissionPhase::Admitted { .. } | AdmissionPhase::Pending => None,
+        };
+        if let Some(due) = due {
+            f.add(
+                ADMISSION_DUE,
+                "When the next perftest admission step is due (Unix seconds): a failed node's retry, a running test's deadline",
+                &base,
+                due as f64,
+            );
+        }
         f.add(
             ADMISSION_FAILURES,
             "Consecutive failed perftest admission runs",
@@ -214,6 +236,37 @@ pub fn render(
                 );
             }
         }
+    }
+    f.render()
+}
+
+/// kroce-nri's memlock gauges from its status file (`None`: no file, or it
+/// describes a runtime that is gone: nothing is exported, as the doctor
+/// skips it too): how many RDMA containers' memlock requests it capped at
+/// the runtime's hard limit on its current connection, and whether that
+/// runtime is limited at all (1: it lacks `CAP_SYS_RESOURCE` or runs in a
+/// user namespace, and its hard limit is finite). Unknown limits (kroce-nri
+/// could not read them) export the count only.
+pub fn render_nri(node: &str, status: Option<&StatusFile>) -> String {
+    let mut f = Families::default();
+    let Some(s) = status else {
+        return String::new();
+    };
+    let base = [("node", node)];
+    f.add(
+        NRI_CAPPED,
+        "RDMA containers whose memlock request kroce-nri capped at the runtime's hard limit (current kroce-nri connection)",
+        &base,
+        s.capped_count as f64,
+    );
+    if let Some(rt) = &s.runtime {
+        let limited = !rt.can_raise() && rt.memlock_hard != Memlock::Unlimited;
+        f.add(
+            NRI_LIMITED,
+            "Whether the container runtime cannot grant more memlock than its own finite hard limit (1) or can (0)",
+            &base,
+            f64::from(u8::from(limited)),
+        );
     }
     f.render()
 }
@@ -288,6 +341,38 @@ pub fn exported_metric_names() -> (BTreeSet<String>, BTreeSet<String>) {
         &crate::holders::NodeHolders::default(),
         &[admission],
     );
+    let mut admission_failed = NetworkAdmission {
+        network: "net".into(),
+        phase: "Failed".into(),
+        ..Default::default()
+    };
+    admission_failed.state.phase = AdmissionPhase::Failed {
+        at: 1,
+        retry_at: 2,
+        generation: 1,
+        peer: None,
+        reason: String::new(),
+    };
+    let text = text
+        + &render(
+            "n",
+            &spec,
+            &status,
+            &crate::holders::NodeHolders::default(),
+            &[admission_failed],
+        );
+    let nri = StatusFile {
+        capped_count: 1,
+        runtime: Some(kroce_nri::runtime::RuntimeLimits {
+            pid: 1,
+            cap_sys_resource: false,
+            initial_user_namespace: true,
+            memlock_soft: Memlock::Bytes(1),
+            memlock_hard: Memlock::Bytes(1),
+        }),
+        ..Default::default()
+    };
+    let text = text + &render_nri("n", Some(&nri));
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((name, rest)) = line.split_once('{') else {
             continue;
@@ -367,6 +452,34 @@ mod tests {
             ..Default::default()
         };
         failed.state.failures = 2;
+        failed.state.phase = AdmissionPhase::Failed {
+            at: 1_700_000_000,
+            retry_at: 1_700_000_600,
+            generation: 1,
+            peer: None,
+            reason: "bandwidth".into(),
+        };
+        let mut testing = NetworkAdmission {
+            network: "t".into(),
+            phase: "Testing".into(),
+            ..Default::default()
+        };
+        testing.state.phase = AdmissionPhase::Testing {
+            run: kroce_admission::lifecycle::TestRun {
+                id: "r2".into(),
+                server_node: "n1".into(),
+                client_node: "n2".into(),
+                subjects: vec!["n1".into()],
+                started_at: 1_700_000_000,
+                deadline: 1_700_000_900,
+            },
+            previously_admitted: None,
+        };
+        let admitted = NetworkAdmission {
+            network: "ok".into(),
+            phase: "Admitted".into(),
+            ..Default::default()
+        };
         failed.state.last_result = Some(Box::new(kroce_admission::lifecycle::AdmissionRecord {
             run_id: "r1".into(),
             peer: "n2".into(),
@@ -380,7 +493,7 @@ mod tests {
             }),
             message: "bandwidth 41.5 < 80".into(),
         }));
-        let text = render("n1", &spec, &status, &holders, &[failed]);
+        let text = render("n1", &spec, &status, &holders, &[failed, testing, admitted]);
         let sample = |s: &str| {
             assert!(text.lines().any(|l| l == s), "no `{s}` in\n{text}");
         };
@@ -405,6 +518,20 @@ mod tests {
         sample("kroce_admission_port_rate_gbps{node=\"n1\",network=\"a\"} 100");
         sample("kroce_admission_latency_microseconds{node=\"n1\",network=\"a\",stat=\"avg\"} 2.5");
         assert!(!text.contains("stat=\"p99\""), "{text}");
+        // Due: the failed node's retry, the running test's deadline; an
+        // admitted node's re-test is the network's to schedule.
+        sample(
+            "kroce_admission_next_run_due_timestamp_seconds{node=\"n1\",network=\"a\"} 1700000600",
+        );
+        sample(
+            "kroce_admission_next_run_due_timestamp_seconds{node=\"n1\",network=\"t\"} 1700000900",
+        );
+        assert!(
+            !text.contains(
+                "kroce_admission_next_run_due_timestamp_seconds{node=\"n1\",network=\"ok\"}"
+            ),
+            "{text}"
+        );
         assert!(text.contains("# TYPE kroce_vf_pool_vfs gauge\n"), "{text}");
     }
 
@@ -420,6 +547,9 @@ mod tests {
             ADMISSION_BANDWIDTH,
             ADMISSION_PORT_RATE,
             ADMISSION_LATENCY,
+            ADMISSION_DUE,
+            NRI_CAPPED,
+            NRI_LIMITED,
             "kroce_agent_passes_total",
             "kroce_rdma_pause_frames_total",
             "kroce_rdma_pause_duration_microseconds_total",

@@ -8,6 +8,7 @@
 //! subject; node-wide checks (memlock, irqbalance, UDP 4791) have subject
 //! `node`.
 
+pub mod baseline;
 pub mod firewall;
 
 use serde::{Deserialize, Serialize};
