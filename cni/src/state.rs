@@ -99,6 +99,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 fn replace(tmp: &Path, path: &Path) -> io::Result<()> {
     use nix::errno::Errno;
     use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    // A swap takes any type: a directory (or a symlink) at `path` would be
+    // swapped out and the write "succeed". Only a file is swapped; anything
+    // else gets rename(2)'s answer, as before.
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+        return std::fs::rename(tmp, path);
+    }
     match renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RenameFlags::RENAME_EXCHANGE) {
         Ok(()) => {
             // The old content, under the temp name: a leftover is harmless
@@ -473,6 +479,19 @@ mod tests {
         assert!(bad.is_empty(), "{:?}", &bad[..bad.len().min(5)]);
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// A directory where the file should be is an error, as rename(2)
+    /// says, not swapped away.
+    #[test]
+    fn a_directory_in_the_way_is_an_error_and_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("result.json");
+        std::fs::create_dir_all(p.join("x")).unwrap();
+        let e = write_atomic(&p, b"{}").unwrap_err().to_string();
+        assert!(e.contains("result.json"), "{e}");
+        assert!(p.join("x").is_dir());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
