@@ -35,37 +35,13 @@ pub fn ensure_dir(dir: &Path) -> Result<(), FileError> {
         .map_err(err("create directory", dir))
 }
 
-/// Writes `content` to `path` atomically with mode 0644, creating the directory.
+/// Writes `content` to `path` atomically with mode 0644 (temp file,
+/// fsync, rename), creating the directory.
 pub fn write_atomic(path: &Path, content: &[u8]) -> Result<(), FileError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    ensure_dir(dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(FILE_MODE)
-            .open(&tmp)
-            .map_err(err("create", &tmp))?;
-        // Exact mode whatever the umask.
-        f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
-            .map_err(err("set mode of", &tmp))?;
-        f.write_all(content).map_err(err("write", &tmp))?;
-        f.sync_all().map_err(err("sync", &tmp))?;
-        std::fs::rename(&tmp, path).map_err(err("rename into place", path))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    write_atomic_all(&[(path.to_path_buf(), content.to_vec())])
 }
 
-/// Writes every `(path, content)` like [`write_atomic`], all or nothing:
+/// Writes every `(path, content)` atomically with mode 0644, all or nothing:
 /// the temp files are written first, fsynced at once (one thread each: the
 /// filesystem's journal commits them together, so N files cost about one
 /// fsync instead of N in a row), then renamed into place. On a failure
@@ -103,24 +79,28 @@ pub fn write_atomic_all(writes: &[(PathBuf, Vec<u8>)]) -> Result<(), FileError> 
             return Err(e);
         }
     }
-    let synced: Vec<Result<(), FileError>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = temps
-            .iter()
-            .map(|(f, t)| sc.spawn(move || f.sync_all().map_err(err("sync", t))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(FileError {
-                        action: "sync",
-                        path: PathBuf::new(),
-                        source: std::io::Error::other("fsync thread panicked"),
+    let synced: Vec<Result<(), FileError>> = if let [(f, t)] = temps.as_slice() {
+        vec![f.sync_all().map_err(err("sync", t))]
+    } else {
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = temps
+                .iter()
+                .map(|(f, t)| sc.spawn(move || f.sync_all().map_err(err("sync", t))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(FileError {
+                            action: "sync",
+                            path: PathBuf::new(),
+                            source: std::io::Error::other("fsync thread panicked"),
+                        })
                     })
                 })
-            })
-            .collect()
-    });
+                .collect()
+        })
+    };
     if let Some(e) = synced.into_iter().find_map(Result::err) {
         cleanup(&temps);
         return Err(e);
