@@ -207,6 +207,11 @@ pub struct NodeAdmission {
     pub last_result: Option<Box<AdmissionRecord>>,
     /// Why the node is waiting, for status display (not an event).
     pub waiting: Option<String>,
+    /// When an admitted node's periodic re-test is due (admitted at + the
+    /// network's retest interval), so the node agent can export it and an
+    /// overdue re-test (no free peer, controller down) can alert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retest_due: Option<UnixSeconds>,
 }
 
 /// What is recorded in `RdmaNodeState.status` for a finished run.
@@ -555,6 +560,7 @@ pub fn plan(
             continue;
         };
         state.waiting = None;
+        state.retest_due = None;
         if matches!(state.phase, AdmissionPhase::Testing { .. }) {
             continue;
         }
@@ -610,10 +616,12 @@ pub fn plan(
                     // Testing was enabled after admitting on configuration
                     // alone: test, staying schedulable meanwhile.
                     candidates.push(&v.name);
-                } else if let Some(every) = policy.retest_interval_seconds
-                    && now >= at.at.saturating_add(every)
-                {
-                    candidates.push(&v.name);
+                } else if let Some(every) = policy.retest_interval_seconds {
+                    let due = at.at.saturating_add(every);
+                    state.retest_due = Some(due);
+                    if now >= due {
+                        candidates.push(&v.name);
+                    }
                 }
             }
             AdmissionPhase::Failed {

@@ -508,7 +508,14 @@ fn periodic_retest_keeps_the_node_schedulable_until_it_fails() {
         ],
         3599,
     );
-    assert!(creates(&plan(&i, &pol).unwrap()).is_empty());
+    let p0 = plan(&i, &pol).unwrap();
+    assert!(creates(&p0).is_empty());
+    // Each admitted node says when its re-test is due (exported by the node
+    // agent, so an overdue re-test alerts).
+    assert_eq!(p0.nodes["a"].retest_due, Some(3600));
+    assert_eq!(p0.nodes["b"].retest_due, Some(3700));
+    let no_retest = plan(&i, &policy()).unwrap();
+    assert_eq!(no_retest.nodes["a"].retest_due, None);
     let i = AdmissionInput { now: 3600, ..i };
     let p = plan(&i, &pol).unwrap();
     let runs = creates(&p);

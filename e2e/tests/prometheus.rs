@@ -423,6 +423,7 @@ fn admission(network: &str, passed: bool, bw: f64) -> NetworkAdmission {
                 },
             })),
             waiting: None,
+            retest_due: None,
         },
         ..Default::default()
     }

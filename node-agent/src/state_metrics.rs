@@ -176,12 +176,13 @@ pub fn render(
         let due = match &a.state.phase {
             AdmissionPhase::Failed { retry_at, .. } => Some(*retry_at),
             AdmissionPhase::Testing { run, .. } => Some(run.deadline),
-            AdmissionPhase::Admitted { .. } | AdmissionPhase::Pending => None,
+            AdmissionPhase::Admitted { .. } => a.state.retest_due,
+            AdmissionPhase::Pending => None,
         };
         if let Some(due) = due {
             f.add(
                 ADMISSION_DUE,
-                "When the next perftest admission step is due (Unix seconds): a failed node's retry, a running test's deadline",
+                "When the next perftest admission step is due (Unix seconds): a failed node's retry, a running test's deadline, an admitted node's periodic re-test",
                 &base,
                 due as f64,
             );
@@ -475,11 +476,22 @@ mod tests {
             },
             previously_admitted: None,
         };
-        let admitted = NetworkAdmission {
+        let mut admitted = NetworkAdmission {
             network: "ok".into(),
             phase: "Admitted".into(),
             ..Default::default()
         };
+        admitted.state.phase = AdmissionPhase::Admitted {
+            at: kroce_admission::lifecycle::AdmittedAt {
+                at: 1_700_000_000,
+                generation: 1,
+                without_test: false,
+            },
+        };
+        // The same, on a network that re-tests admitted nodes.
+        let mut retested = admitted.clone();
+        retested.network = "re".into();
+        retested.state.retest_due = Some(1_700_003_600);
         failed.state.last_result = Some(Box::new(kroce_admission::lifecycle::AdmissionRecord {
             run_id: "r1".into(),
             peer: "n2".into(),
@@ -493,7 +505,13 @@ mod tests {
             }),
             message: "bandwidth 41.5 < 80".into(),
         }));
-        let text = render("n1", &spec, &status, &holders, &[failed, testing, admitted]);
+        let text = render(
+            "n1",
+            &spec,
+            &status,
+            &holders,
+            &[failed, testing, admitted, retested],
+        );
         let sample = |s: &str| {
             assert!(text.lines().any(|l| l == s), "no `{s}` in\n{text}");
         };
@@ -518,13 +536,16 @@ mod tests {
         sample("kroce_admission_port_rate_gbps{node=\"n1\",network=\"a\"} 100");
         sample("kroce_admission_latency_microseconds{node=\"n1\",network=\"a\",stat=\"avg\"} 2.5");
         assert!(!text.contains("stat=\"p99\""), "{text}");
-        // Due: the failed node's retry, the running test's deadline; an
-        // admitted node's re-test is the network's to schedule.
+        // Due: the failed node's retry, the running test's deadline, an
+        // admitted node's periodic re-test; none without a re-test interval.
         sample(
             "kroce_admission_next_run_due_timestamp_seconds{node=\"n1\",network=\"a\"} 1700000600",
         );
         sample(
             "kroce_admission_next_run_due_timestamp_seconds{node=\"n1\",network=\"t\"} 1700000900",
+        );
+        sample(
+            "kroce_admission_next_run_due_timestamp_seconds{node=\"n1\",network=\"re\"} 1700003600",
         );
         assert!(
             !text.contains(
