@@ -16,59 +16,59 @@ pub trait LinkControl: Send + Sync {
     fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError>;
 }
 
-/// The real thing: rtnetlink on its own current-thread runtime, so it can
-/// be called from the agent's blocking apply thread.
-#[derive(Debug)]
-pub struct RtnetlinkLinks {
-    /// Always `Some` until drop.
-    rt: Option<tokio::runtime::Runtime>,
+/// The real thing: kroce-cni's synchronous netlink (one stack for the
+/// project), one socket in the agent's netns, opened on first use and kept.
+#[derive(Debug, Default)]
+pub struct NetlinkLinks {
+    socket: std::sync::Mutex<Option<kroce_cni::netlink::NlSocket>>,
 }
 
-impl Drop for RtnetlinkLinks {
-    /// The node agent drops this inside its async runtime (when the loop
-    /// ends on SIGTERM), where dropping a runtime panics ("Cannot drop a
-    /// runtime in a context where blocking is not allowed"); shutting it
-    /// down in the background is allowed anywhere.
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
+impl NetlinkLinks {
+    pub fn new() -> Self {
+        NetlinkLinks::default()
     }
 }
 
-impl RtnetlinkLinks {
-    pub fn new() -> io::Result<Self> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()?;
-        Ok(RtnetlinkLinks { rt: Some(rt) })
+fn nl_io(e: kroce_cni::netlink::NlError) -> io::Error {
+    match e {
+        kroce_cni::netlink::NlError::Socket(e) => e,
+        kroce_cni::netlink::NlError::Kernel(errno) => io::Error::from_raw_os_error(errno as i32),
+        other => io::Error::other(other.to_string()),
     }
 }
 
-impl LinkControl for RtnetlinkLinks {
+impl LinkControl for NetlinkLinks {
     fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError> {
+        use kroce_cni::netlink::{NlSocket, route};
         let err = |source| LinkError {
             ifname: ifname.to_string(),
             mtu,
             source,
         };
-        let Some(rt) = self.rt.as_ref() else {
-            return Err(err(io::Error::other("netlink runtime already shut down")));
+        let mut guard = self
+            .socket
+            .lock()
+            .map_err(|_| err(io::Error::other("netlink socket lock poisoned")))?;
+        let socket = match guard.as_mut() {
+            Some(s) => s,
+            None => guard.insert(
+                NlSocket::open(nix::sys::socket::SockProtocol::NetlinkRoute)
+                    .map_err(|e| err(nl_io(e)))?,
+            ),
         };
-        rt.block_on(async {
-            let (conn, handle, _) = rtnetlink::new_connection().map_err(err)?;
-            let task = tokio::spawn(conn);
-            let msg = rtnetlink::LinkUnspec::new_with_name(ifname)
-                .mtu(mtu)
-                .build();
-            let r = handle.link().set(msg).execute().await;
-            task.abort();
-            r.map_err(|e| match e {
-                rtnetlink::Error::NetlinkError(m) => err(m.to_io()),
-                other => err(io::Error::other(other.to_string())),
-            })
-        })
+        let replies = socket
+            .request(&route::get_link_by_name(ifname))
+            .map_err(|e| err(nl_io(e)))?;
+        let link = replies
+            .first()
+            .ok_or_else(|| err(io::Error::from_raw_os_error(libc::ENODEV)))
+            .and_then(|p| {
+                route::parse_link(p).map_err(|e| err(io::Error::new(io::ErrorKind::InvalidData, e)))
+            })?;
+        socket
+            .request(&route::set_mtu(link.index, mtu))
+            .map(drop)
+            .map_err(|e| err(nl_io(e)))
     }
 }
 
@@ -128,9 +128,9 @@ mod tests {
             .unwrap_or(false)
     }
 
-    /// The real rtnetlink path on a real veth pair (needs root).
+    /// The real netlink path on a real veth pair (needs root).
     #[test]
-    fn rtnetlink_sets_mtu_on_a_real_veth() {
+    fn netlink_sets_mtu_on_a_real_veth() {
         // CI runs as root with veth: there a skip would hide a failure.
         let ci = std::env::var_os("CI").is_some();
         if !nix::unistd::Uid::effective().is_root() {
@@ -145,7 +145,7 @@ mod tests {
             println!("skipped: cannot create veth here");
             return;
         }
-        let links = RtnetlinkLinks::new().unwrap();
+        let links = NetlinkLinks::new();
         let r = links.set_mtu(a, 4000);
         let mtu = std::fs::read_to_string(format!("/sys/class/net/{a}/mtu")).unwrap_or_default();
         let missing = links.set_mtu("krocenope0", 1500);
@@ -155,19 +155,5 @@ mod tests {
         let e = missing.unwrap_err();
         assert_eq!(e.source.raw_os_error(), Some(libc::ENODEV), "{e}");
         assert!(e.to_string().contains("krocenope0"));
-    }
-}
-
-#[cfg(test)]
-mod drop_tests {
-    use super::*;
-
-    /// The node agent's loop ends (SIGTERM) with the edges dropped inside
-    /// its async runtime: that must not panic.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn dropping_the_links_inside_an_async_runtime_does_not_panic() {
-        let links = std::sync::Arc::new(RtnetlinkLinks::new().unwrap());
-        let inside = tokio::spawn(async move { drop(links) }).await;
-        assert!(inside.is_ok(), "{inside:?}");
     }
 }

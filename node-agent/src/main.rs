@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use kroce_node_agent::apply::{Agent, AgentConfig};
 use kroce_node_agent::dcb::{NetlinkDcb, SocketTransport};
 use kroce_node_agent::holders::{HolderSources, NodeHolders};
-use kroce_node_agent::links::RtnetlinkLinks;
+use kroce_node_agent::links::NetlinkLinks;
 use kroce_node_agent::pf_record::FilePfRecord;
 use kroce_node_agent::run::{AgentMetrics, RunConfig};
 use kroce_node_agent::vfs::SysfsVfControl;
@@ -276,7 +276,7 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
     let cfg = host.agent_config();
     let vfs = SysfsVfControl::new(cfg.root.clone(), cfg.vf_wait);
     let record = host.record();
-    let links = RtnetlinkLinks::new()?;
+    let links = NetlinkLinks::new();
     let dcb = NetlinkDcb::new(SocketTransport::new()?);
     let netns_mode = host.netns_mode();
     let agent = Agent {

@@ -9,7 +9,7 @@
 use super::apply::{Agent, AgentConfig};
 use super::dcb::{Dcb, NetlinkDcb, SocketTransport};
 use super::holders::{Holder, HolderSources, NodeHolders};
-use super::links::{LinkControl, RtnetlinkLinks};
+use super::links::{LinkControl, NetlinkLinks};
 use super::pf_record::PfRecord;
 use super::vfs::{SysfsVfControl, VfControl};
 use futures::StreamExt;
@@ -194,7 +194,7 @@ pub async fn run(
             cfg.agent.root.clone(),
             cfg.vf_write_timeout,
         )),
-        links: Arc::new(RtnetlinkLinks::new()?),
+        links: Arc::new(NetlinkLinks::new()),
         dcb: Arc::new(NetlinkDcb::new(SocketTransport::new()?)),
         record,
         netns_mode,
