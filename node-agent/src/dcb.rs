@@ -2,9 +2,10 @@
 //! mode, IEEE PFC and the DSCP APP table (which is how the kernel sets
 //! `trust dscp`: mlx5 switches to DSCP trust on the first DSCP APP entry and
 //! back to PCP when the last is deleted). The kernel here has no NIC with
-//! dcbnl ops, so the encoder is tested byte for byte against a recording
-//! transport; the real socket transport is tested for what it can be here
-//! (the kernel parses our request and answers ENODEV/EOPNOTSUPP).
+//! dcbnl ops, so the encoder is tested byte for byte against iproute2's
+//! requests and a recording transport; the real socket (kroce-cni's
+//! netlink, the project's one stack) is tested for what it can be here (the
+//! kernel parses our request and answers ENODEV/EOPNOTSUPP).
 //!
 //! A set can be refused twice over: by the kernel (a negative netlink ACK)
 //! or by the driver, which `dcbnl_ieee_set`, `dcbnl_ieee_del` and
@@ -12,23 +13,15 @@
 //! `DCB_ATTR_IEEE` / `DCB_ATTR_DCBX` in the reply, while the ACK is 0.
 //! iproute2's `dcb` checks that byte ("Attribute write: ..."); so do we.
 
+use kroce_cni::netlink::{
+    MsgBuilder, NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NlError, NlSocket, attrs,
+};
 use std::io;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
 
 pub const RTM_GETDCB: u16 = 78;
 pub const RTM_SETDCB: u16 = 79;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-/// Set on nested attributes, as libmnl's `mnl_attr_nest_start` (and so
-/// iproute2's `dcb`) does.
-const NLA_F_NESTED: u16 = 0x8000;
-/// How long a request waits for the kernel's answer before failing.
-pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
-const NLMSG_HDRLEN: usize = 16;
+/// `sizeof(struct dcbmsg)`: family, command, pad.
 const DCBMSG_LEN: usize = 4;
 
 /// `enum dcbnl_commands`.
@@ -181,108 +174,81 @@ pub trait Dcb: Send + Sync {
     fn del_apps(&self, ifname: &str, apps: &[DcbApp]) -> Result<(), DcbError>;
 }
 
-/// Sends one netlink request and returns the reply messages (whole, with
-/// their headers) that came before the ACK; a negative ACK is an error.
+/// Sends one netlink request and returns the payloads (after `nlmsghdr`)
+/// of the replies that came before the ACK; a negative ACK is an error.
 pub trait NetlinkTransport: Send {
-    fn request(&mut self, msg: &[u8]) -> io::Result<Vec<Vec<u8>>>;
+    fn request(&mut self, msg: &MsgBuilder) -> io::Result<Vec<Vec<u8>>>;
 }
 
-fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
-    let len = 4 + payload.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(payload);
-    buf.resize(buf.len() + (4 - len % 4) % 4, 0);
+/// The real transport: kroce-cni's netlink socket (one stack for the
+/// project; it matches answers by sequence number and bounds each request).
+impl NetlinkTransport for NlSocket {
+    fn request(&mut self, msg: &MsgBuilder) -> io::Result<Vec<Vec<u8>>> {
+        NlSocket::request(self, msg).map_err(|e| match e {
+            NlError::Socket(e) => e,
+            NlError::Kernel(errno) => io::Error::from_raw_os_error(errno as i32),
+            other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+        })
+    }
 }
 
-fn push_nested(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
-    push_attr(buf, kind | NLA_F_NESTED, payload);
+/// A `NETLINK_ROUTE` socket in the caller's netns for [`NetlinkDcb`].
+pub fn route_socket() -> io::Result<NlSocket> {
+    NlSocket::open(nix::sys::socket::SockProtocol::NetlinkRoute).map_err(|e| match e {
+        NlError::Socket(e) => e,
+        other => io::Error::other(other.to_string()),
+    })
 }
 
-fn ifname_attr(buf: &mut Vec<u8>, ifname: &str) {
-    let mut name = ifname.as_bytes().to_vec();
-    name.push(0);
-    push_attr(buf, attr::IFNAME, &name);
-}
-
-/// `nlmsghdr` + `dcbmsg { AF_UNSPEC, cmd, 0 }` + attributes.
-pub fn encode(msg_type: u16, command: u8, seq: u32, attrs: &[u8]) -> Vec<u8> {
-    let flags = NLM_F_REQUEST | NLM_F_ACK;
-    let len = NLMSG_HDRLEN + DCBMSG_LEN + attrs.len();
-    let mut b = Vec::with_capacity(len);
-    b.extend_from_slice(&(len as u32).to_ne_bytes());
-    b.extend_from_slice(&msg_type.to_ne_bytes());
-    b.extend_from_slice(&flags.to_ne_bytes());
-    b.extend_from_slice(&seq.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes());
-    b.extend_from_slice(&[0, command, 0, 0]);
-    b.extend_from_slice(attrs);
+/// `nlmsghdr` + `dcbmsg { AF_UNSPEC, cmd, 0 }` + `DCB_ATTR_IFNAME`.
+fn request(msg_type: u16, command: u8, ifname: &str) -> MsgBuilder {
+    let mut b =
+        MsgBuilder::new(msg_type, NLM_F_REQUEST | NLM_F_ACK).family_header(&[0, command, 0, 0]);
+    b.attr_str(attr::IFNAME, ifname);
     b
 }
 
-pub fn encode_get(ifname: &str, seq: u32) -> Vec<u8> {
-    let mut a = Vec::new();
-    ifname_attr(&mut a, ifname);
-    encode(RTM_GETDCB, cmd::IEEE_GET, seq, &a)
+pub fn get_msg(ifname: &str) -> MsgBuilder {
+    request(RTM_GETDCB, cmd::IEEE_GET, ifname)
 }
 
-pub fn encode_set_dcbx(ifname: &str, mode: u8, seq: u32) -> Vec<u8> {
-    let mut a = Vec::new();
-    ifname_attr(&mut a, ifname);
-    push_attr(&mut a, attr::DCBX, &[mode]);
-    encode(RTM_SETDCB, cmd::SDCBX, seq, &a)
+pub fn set_dcbx_msg(ifname: &str, mode: u8) -> MsgBuilder {
+    let mut b = request(RTM_SETDCB, cmd::SDCBX, ifname);
+    b.attr_u8(attr::DCBX, mode);
+    b
 }
 
-pub fn encode_set_pfc(ifname: &str, pfc: &IeeePfc, seq: u32) -> Vec<u8> {
-    let mut ieee = Vec::new();
-    push_attr(&mut ieee, attr::IEEE_PFC, &pfc.to_bytes());
-    let mut a = Vec::new();
-    ifname_attr(&mut a, ifname);
-    push_nested(&mut a, attr::IEEE, &ieee);
-    encode(RTM_SETDCB, cmd::IEEE_SET, seq, &a)
+/// Nests carry `NLA_F_NESTED`, as libmnl's `mnl_attr_nest_start` (and so
+/// iproute2's `dcb`) sets it.
+pub fn set_pfc_msg(ifname: &str, pfc: &IeeePfc) -> MsgBuilder {
+    let mut b = request(RTM_SETDCB, cmd::IEEE_SET, ifname);
+    b.begin_nest(attr::IEEE | NLA_F_NESTED)
+        .attr(attr::IEEE_PFC, &pfc.to_bytes())
+        .end_nest();
+    b
 }
 
 /// `IEEE_SET` (add) or `IEEE_DEL` with an APP table.
-pub fn encode_apps(ifname: &str, apps: &[DcbApp], delete: bool, seq: u32) -> Vec<u8> {
-    let mut table = Vec::new();
-    for app in apps {
-        push_attr(&mut table, attr::IEEE_APP, &app.to_bytes());
-    }
-    let mut ieee = Vec::new();
-    push_nested(&mut ieee, attr::IEEE_APP_TABLE, &table);
-    let mut a = Vec::new();
-    ifname_attr(&mut a, ifname);
-    push_nested(&mut a, attr::IEEE, &ieee);
+pub fn apps_msg(ifname: &str, apps: &[DcbApp], delete: bool) -> MsgBuilder {
     let command = if delete { cmd::IEEE_DEL } else { cmd::IEEE_SET };
-    encode(RTM_SETDCB, command, seq, &a)
-}
-
-/// Iterates `(type, payload)` over a run of netlink attributes.
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
-        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let payload = &b[4..len];
-        let padded = (len + 3) & !3;
-        b = &b[padded.min(b.len())..];
-        Some((kind, payload))
-    })
+    let mut b = request(RTM_SETDCB, command, ifname);
+    b.begin_nest(attr::IEEE | NLA_F_NESTED)
+        .begin_nest(attr::IEEE_APP_TABLE | NLA_F_NESTED);
+    for app in apps {
+        b.attr(attr::IEEE_APP, &app.to_bytes());
+    }
+    b.end_nest().end_nest();
+    b
 }
 
 /// The driver's verdict on a set, carried in the reply to `command` as a
 /// one-byte `status_attr`; `None` when no reply carries it (iproute2
-/// accepts that too).
+/// accepts that too). `replies` are payloads after `nlmsghdr`.
 pub fn inband_status(replies: &[Vec<u8>], command: u8, status_attr: u16) -> Option<u8> {
     replies
         .iter()
-        .filter(|m| m.len() >= NLMSG_HDRLEN + DCBMSG_LEN && m[NLMSG_HDRLEN + 1] == command)
-        .flat_map(|m| attrs(&m[NLMSG_HDRLEN + DCBMSG_LEN..]))
+        .filter(|m| m.len() >= DCBMSG_LEN && m[1] == command)
+        .flat_map(|m| attrs(&m[DCBMSG_LEN..]).flatten())
         .find(|(kind, payload)| *kind == status_attr && payload.len() == 1)
         .map(|(_, payload)| payload[0])
 }
@@ -299,17 +265,20 @@ fn status_reason(status_attr: u16, status: u8) -> String {
     }
 }
 
-/// Parses the `RTM_GETDCB` reply to `IEEE_GET`.
+/// Parses the `RTM_GETDCB` reply to `IEEE_GET` (its payload after
+/// `nlmsghdr`).
 pub fn parse_get_reply(msg: &[u8]) -> Result<DcbState, String> {
-    if msg.len() < NLMSG_HDRLEN + DCBMSG_LEN {
-        return Err(format!("{} bytes is shorter than the headers", msg.len()));
+    if msg.len() < DCBMSG_LEN {
+        return Err(format!("{} bytes is shorter than struct dcbmsg", msg.len()));
     }
     let mut state = DcbState::default();
-    for (kind, payload) in attrs(&msg[NLMSG_HDRLEN + DCBMSG_LEN..]) {
+    for a in attrs(&msg[DCBMSG_LEN..]) {
+        let (kind, payload) = a.map_err(|e| e.to_string())?;
         match kind {
             attr::DCBX => state.dcbx = payload.first().copied(),
             attr::IEEE => {
-                for (k, p) in attrs(payload) {
+                for a in attrs(payload) {
+                    let (k, p) = a.map_err(|e| e.to_string())?;
                     match k {
                         attr::IEEE_PFC => {
                             state.pfc = Some(IeeePfc::from_bytes(p).ok_or_else(|| {
@@ -317,7 +286,8 @@ pub fn parse_get_reply(msg: &[u8]) -> Result<DcbState, String> {
                             })?);
                         }
                         attr::IEEE_APP_TABLE => {
-                            for (ak, ap) in attrs(p) {
+                            for a in attrs(p) {
+                                let (ak, ap) = a.map_err(|e| e.to_string())?;
                                 if ak == attr::IEEE_APP && ap.len() >= 4 {
                                     state.apps.push(DcbApp {
                                         selector: ap[0],
@@ -342,22 +312,21 @@ pub fn parse_get_reply(msg: &[u8]) -> Result<DcbState, String> {
 #[derive(Debug)]
 pub struct NetlinkDcb<T> {
     transport: Mutex<T>,
-    seq: AtomicU32,
 }
 
 impl<T: NetlinkTransport> NetlinkDcb<T> {
     pub fn new(transport: T) -> Self {
         NetlinkDcb {
             transport: Mutex::new(transport),
-            seq: AtomicU32::new(1),
         }
     }
 
-    fn next_seq(&self) -> u32 {
-        self.seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn send(&self, op: &'static str, ifname: &str, msg: &[u8]) -> Result<Vec<Vec<u8>>, DcbError> {
+    fn send(
+        &self,
+        op: &'static str,
+        ifname: &str,
+        msg: &MsgBuilder,
+    ) -> Result<Vec<Vec<u8>>, DcbError> {
         let mut t = self.transport.lock().map_err(|_| DcbError::Io {
             op,
             ifname: ifname.to_string(),
@@ -380,7 +349,7 @@ impl<T: NetlinkTransport> NetlinkDcb<T> {
         op: &'static str,
         ifname: &str,
         what: impl FnOnce() -> String,
-        msg: &[u8],
+        msg: &MsgBuilder,
         command: u8,
         status_attr: u16,
     ) -> Result<(), DcbError> {
@@ -407,7 +376,7 @@ fn apps_text(apps: &[DcbApp]) -> String {
 
 impl<T: NetlinkTransport> Dcb for NetlinkDcb<T> {
     fn get(&self, ifname: &str) -> Result<DcbState, DcbError> {
-        let replies = self.send("IEEE_GET", ifname, &encode_get(ifname, self.next_seq()))?;
+        let replies = self.send("IEEE_GET", ifname, &get_msg(ifname))?;
         let reply = replies.first().ok_or_else(|| DcbError::Reply {
             op: "IEEE_GET",
             ifname: ifname.to_string(),
@@ -424,7 +393,7 @@ impl<T: NetlinkTransport> Dcb for NetlinkDcb<T> {
             "SDCBX",
             ifname,
             || format!("DCBX mode {mode:#04x}"),
-            &encode_set_dcbx(ifname, mode, self.next_seq()),
+            &set_dcbx_msg(ifname, mode),
             cmd::SDCBX,
             attr::DCBX,
         )
@@ -434,7 +403,7 @@ impl<T: NetlinkTransport> Dcb for NetlinkDcb<T> {
             "IEEE_SET PFC",
             ifname,
             || format!("PFC on priorities {:08b} (pfc_en)", pfc.pfc_en),
-            &encode_set_pfc(ifname, pfc, self.next_seq()),
+            &set_pfc_msg(ifname, pfc),
             cmd::IEEE_SET,
             attr::IEEE,
         )
@@ -444,7 +413,7 @@ impl<T: NetlinkTransport> Dcb for NetlinkDcb<T> {
             "IEEE_SET APP",
             ifname,
             || format!("DSCP trust (APP dscp:prio {})", apps_text(apps)),
-            &encode_apps(ifname, apps, false, self.next_seq()),
+            &apps_msg(ifname, apps, false),
             cmd::IEEE_SET,
             attr::IEEE,
         )
@@ -454,156 +423,10 @@ impl<T: NetlinkTransport> Dcb for NetlinkDcb<T> {
             "IEEE_DEL APP",
             ifname,
             || format!("PCP trust (deleting APP dscp:prio {})", apps_text(apps)),
-            &encode_apps(ifname, apps, true, self.next_seq()),
+            &apps_msg(ifname, apps, true),
             cmd::IEEE_DEL,
             attr::IEEE,
         )
-    }
-}
-
-/// Splits a datagram into netlink messages: `(type, seq, whole message)`.
-fn messages(buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
-    let mut out = Vec::new();
-    let mut b = buf;
-    while b.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        if len < NLMSG_HDRLEN || len > b.len() {
-            break;
-        }
-        let seq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
-        out.push((u16::from_ne_bytes([b[4], b[5]]), seq, &b[..len]));
-        b = &b[((len + 3) & !3).min(b.len())..];
-    }
-    out
-}
-
-/// One datagram socket under [`SocketTransport`]: the netlink socket, or
-/// a socketpair stand-in in tests.
-pub trait Datagram: Send {
-    fn send(&mut self, msg: &[u8]) -> io::Result<()>;
-    /// The next datagram; `WouldBlock`/`TimedOut` once the socket's receive
-    /// timeout passes.
-    fn recv(&mut self) -> io::Result<Vec<u8>>;
-}
-
-impl Datagram for netlink_sys::Socket {
-    fn send(&mut self, msg: &[u8]) -> io::Result<()> {
-        netlink_sys::Socket::send(self, msg, 0).map(drop)
-    }
-    fn recv(&mut self) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; 32 * 1024];
-        let n = netlink_sys::Socket::recv(self, &mut &mut buf[..], 0)?;
-        buf.truncate(n);
-        Ok(buf)
-    }
-}
-
-impl Datagram for std::os::unix::net::UnixDatagram {
-    fn send(&mut self, msg: &[u8]) -> io::Result<()> {
-        std::os::unix::net::UnixDatagram::send(self, msg).map(drop)
-    }
-    fn recv(&mut self) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; 32 * 1024];
-        let n = std::os::unix::net::UnixDatagram::recv(self, &mut buf)?;
-        buf.truncate(n);
-        Ok(buf)
-    }
-}
-
-/// The real transport: a `NETLINK_ROUTE` socket. Replies are matched to the
-/// request by sequence number (a late answer to an earlier request that
-/// timed out is skipped, not taken as this one's), and a request that gets
-/// no answer fails after [`REPLY_TIMEOUT`] instead of hanging the agent.
-#[derive(Debug)]
-pub struct SocketTransport<S = netlink_sys::Socket> {
-    socket: S,
-    timeout: Duration,
-}
-
-impl SocketTransport {
-    pub fn new() -> io::Result<Self> {
-        let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)?;
-        socket.bind_auto()?;
-        socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
-        let tv = nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as _, 0);
-        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
-            .map_err(io::Error::from)?;
-        Ok(SocketTransport {
-            socket,
-            timeout: REPLY_TIMEOUT,
-        })
-    }
-}
-
-impl<S: Datagram> SocketTransport<S> {
-    /// Over any datagram socket whose receive timeout is already set to at
-    /// most `timeout` (tests: a socketpair).
-    pub fn over(socket: S, timeout: Duration) -> Self {
-        SocketTransport { socket, timeout }
-    }
-}
-
-impl<S: Datagram> NetlinkTransport for SocketTransport<S> {
-    fn request(&mut self, msg: &[u8]) -> io::Result<Vec<Vec<u8>>> {
-        let seq = msg
-            .get(8..12)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "short netlink request"))?;
-        self.socket.send(msg)?;
-        let deadline = Instant::now() + self.timeout;
-        let timed_out = || {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "no netlink answer to request {seq} within {:?}",
-                    self.timeout
-                ),
-            )
-        };
-        let mut replies = Vec::new();
-        loop {
-            // Stale answers keep coming: still bounded by the deadline.
-            if Instant::now() >= deadline {
-                return Err(timed_out());
-            }
-            let buf = match self.socket.recv() {
-                Ok(b) => b,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(timed_out());
-                }
-                Err(e) => return Err(e),
-            };
-            for (kind, got, m) in messages(&buf) {
-                if got != seq {
-                    tracing::debug!(
-                        want = seq,
-                        got,
-                        "skipping a netlink answer to another request"
-                    );
-                    continue;
-                }
-                match kind {
-                    NLMSG_ERROR => {
-                        let code = m
-                            .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-                            .unwrap_or(-libc::EIO);
-                        if code == 0 {
-                            return Ok(replies);
-                        }
-                        return Err(io::Error::from_raw_os_error(-code));
-                    }
-                    NLMSG_DONE => return Ok(replies),
-                    _ => replies.push(m.to_vec()),
-                }
-            }
-        }
     }
 }
 
@@ -612,14 +435,17 @@ impl<S: Datagram> NetlinkTransport for SocketTransport<S> {
 #[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct RecordingTransport {
+    /// Each request as sent, numbered 1, 2, ... as a fresh socket would.
     pub sent: Vec<Vec<u8>>,
+    /// Reply payloads (after `nlmsghdr`) per request.
     pub replies: std::collections::VecDeque<io::Result<Vec<Vec<u8>>>>,
 }
 
 #[cfg(any(test, feature = "testing"))]
 impl NetlinkTransport for RecordingTransport {
-    fn request(&mut self, msg: &[u8]) -> io::Result<Vec<Vec<u8>>> {
-        self.sent.push(msg.to_vec());
+    fn request(&mut self, msg: &MsgBuilder) -> io::Result<Vec<Vec<u8>>> {
+        let seq = u32::try_from(self.sent.len() + 1).unwrap_or(u32::MAX);
+        self.sent.push(msg.finish(seq));
         self.replies.pop_front().unwrap_or_else(|| Ok(Vec::new()))
     }
 }
@@ -706,6 +532,49 @@ impl Dcb for FakeDcb {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
+
+    const NLMSG_ERROR: u16 = 2;
+
+    fn encode_get(ifname: &str, seq: u32) -> Vec<u8> {
+        get_msg(ifname).finish(seq)
+    }
+    fn encode_set_dcbx(ifname: &str, mode: u8, seq: u32) -> Vec<u8> {
+        set_dcbx_msg(ifname, mode).finish(seq)
+    }
+    fn encode_set_pfc(ifname: &str, pfc: &IeeePfc, seq: u32) -> Vec<u8> {
+        set_pfc_msg(ifname, pfc).finish(seq)
+    }
+    fn encode_apps(ifname: &str, apps: &[DcbApp], delete: bool, seq: u32) -> Vec<u8> {
+        apps_msg(ifname, apps, delete).finish(seq)
+    }
+    /// A whole kernel message: `nlmsghdr`, `dcbmsg`, the given attributes.
+    fn encode(msg_type: u16, command: u8, seq: u32, attrs: &[u8]) -> Vec<u8> {
+        let mut m = MsgBuilder::new(msg_type, 0)
+            .family_header(&[0, command, 0, 0])
+            .finish(seq);
+        m.extend_from_slice(attrs);
+        let len = m.len() as u32;
+        m[0..4].copy_from_slice(&len.to_ne_bytes());
+        m
+    }
+    /// The test's own attribute writer (an oracle independent of MsgBuilder).
+    fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+        let len = 4 + payload.len();
+        buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        buf.extend_from_slice(&kind.to_ne_bytes());
+        buf.extend_from_slice(payload);
+        buf.resize(buf.len() + (4 - len % 4) % 4, 0);
+    }
+    fn ifname_attr(buf: &mut Vec<u8>, ifname: &str) {
+        let mut name = ifname.as_bytes().to_vec();
+        name.push(0);
+        push_attr(buf, attr::IFNAME, &name);
+    }
+    /// What a transport hands back: the payload after `nlmsghdr`.
+    fn payload(m: Vec<u8>) -> Vec<u8> {
+        m[16..].to_vec()
+    }
 
     fn ne16(v: u16) -> [u8; 2] {
         v.to_ne_bytes()
@@ -813,12 +682,13 @@ mod tests {
         ifname_attr(&mut a, "ens1f0");
         push_attr(&mut a, attr::IEEE, &ieee);
         push_attr(&mut a, attr::DCBX, &[0x09]);
-        let reply = encode(RTM_GETDCB, cmd::IEEE_GET, 3, &a);
+        let reply = payload(encode(RTM_GETDCB, cmd::IEEE_GET, 3, &a));
         let st = parse_get_reply(&reply).unwrap();
         assert_eq!(st.dcbx, Some(0x09));
         assert_eq!(st.pfc, Some(pfc));
         assert_eq!(st.apps, [DcbApp::dscp(26, 3)]);
-        assert!(parse_get_reply(&reply[..10]).is_err());
+        assert!(parse_get_reply(&reply[..3]).is_err());
+        assert!(parse_get_reply(&reply[..10]).is_err(), "a cut attribute");
     }
 
     #[test]
@@ -919,18 +789,34 @@ mod tests {
         let mut t = RecordingTransport::default();
         // mlx5 refusing PFC: dcbnl_ieee_set puts -EINVAL in DCB_ATTR_IEEE.
         let einval = (-libc::EINVAL) as u8;
-        t.replies
-            .push_back(Ok(vec![set_reply(cmd::IEEE_SET, 1, attr::IEEE, einval)]));
-        t.replies
-            .push_back(Ok(vec![set_reply(cmd::IEEE_SET, 2, attr::IEEE, einval)]));
-        t.replies
-            .push_back(Ok(vec![set_reply(cmd::IEEE_DEL, 3, attr::IEEE, einval)]));
+        t.replies.push_back(Ok(vec![payload(set_reply(
+            cmd::IEEE_SET,
+            1,
+            attr::IEEE,
+            einval,
+        ))]));
+        t.replies.push_back(Ok(vec![payload(set_reply(
+            cmd::IEEE_SET,
+            2,
+            attr::IEEE,
+            einval,
+        ))]));
+        t.replies.push_back(Ok(vec![payload(set_reply(
+            cmd::IEEE_DEL,
+            3,
+            attr::IEEE,
+            einval,
+        ))]));
         // dcbnl_setdcbx puts the driver's u8 (mlx5: 1 = refused) in DCB_ATTR_DCBX.
         t.replies
-            .push_back(Ok(vec![set_reply(cmd::SDCBX, 4, attr::DCBX, 1)]));
+            .push_back(Ok(vec![payload(set_reply(cmd::SDCBX, 4, attr::DCBX, 1))]));
         // Status 0: applied.
-        t.replies
-            .push_back(Ok(vec![set_reply(cmd::IEEE_SET, 5, attr::IEEE, 0)]));
+        t.replies.push_back(Ok(vec![payload(set_reply(
+            cmd::IEEE_SET,
+            5,
+            attr::IEEE,
+            0,
+        ))]));
         let dcb = NetlinkDcb::new(t);
         let pfc = IeeePfc {
             pfc_en: 0b1000,
@@ -956,16 +842,13 @@ mod tests {
         dcb.set_pfc("ens1f0", &pfc).unwrap();
     }
 
-    /// A request over a socketpair whose far end plays the kernel.
-    fn pair_transport(
-        timeout: Duration,
-    ) -> (
-        SocketTransport<std::os::unix::net::UnixDatagram>,
-        std::os::unix::net::UnixDatagram,
-    ) {
+    /// kroce-cni's socket over a socketpair whose far end plays the kernel.
+    fn pair_transport(timeout: Duration) -> (NlSocket, std::os::unix::net::UnixDatagram) {
         let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
-        a.set_read_timeout(Some(timeout)).unwrap();
-        (SocketTransport::over(a, timeout), b)
+        (
+            NlSocket::from_fd(std::os::fd::OwnedFd::from(a), timeout).unwrap(),
+            b,
+        )
     }
 
     #[test]
@@ -1005,21 +888,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(e.to_string().contains("SDCBX on ens1f0"), "{e}");
-        // Only answers to other requests: still a timeout, not a success.
-        let (mut t, kernel2) = pair_transport(Duration::from_millis(200));
-        let stale = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            let _ = kernel2.recv(&mut buf);
-            let _ = kernel2.send(&ack(999, 0));
-            kernel2
-        });
-        let r = t.request(&encode_set_dcbx("ens1f0", 9, 7));
-        let _kernel2 = stale.join().unwrap();
-        assert_eq!(
-            r.unwrap_err().kind(),
-            io::ErrorKind::TimedOut,
-            "a stale ACK ended the request"
-        );
         drop(kernel);
     }
 
@@ -1028,21 +896,21 @@ mod tests {
     /// `lo`, which has no dcbnl ops, EOPNOTSUPP.
     #[test]
     fn real_socket_kernel_parses_our_request() {
-        let mut t = match SocketTransport::new() {
+        let mut t = match route_socket() {
             Ok(t) => t,
             Err(e) => {
                 println!("skipped: no NETLINK_ROUTE socket here: {e}");
                 return;
             }
         };
-        let r = t.request(&encode_get("kroce-nodev0", 1));
+        let r = NetlinkTransport::request(&mut t, &get_msg("kroce-nodev0"));
         let code = r.as_ref().err().and_then(io::Error::raw_os_error);
         if code == Some(libc::EOPNOTSUPP) {
             println!("skipped: kernel built without CONFIG_DCB (RTM_GETDCB unsupported)");
             return;
         }
         assert_eq!(code, Some(libc::ENODEV), "{r:?}");
-        let r = t.request(&encode_get("lo", 2));
+        let r = NetlinkTransport::request(&mut t, &get_msg("lo"));
         assert_eq!(
             r.as_ref().err().and_then(io::Error::raw_os_error),
             Some(libc::EOPNOTSUPP),

@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kroce_node_agent::apply::{Agent, AgentConfig};
-use kroce_node_agent::dcb::{NetlinkDcb, SocketTransport};
+use kroce_node_agent::dcb::{NetlinkDcb, route_socket};
 use kroce_node_agent::holders::{HolderSources, NodeHolders};
 use kroce_node_agent::links::NetlinkLinks;
 use kroce_node_agent::pf_record::FilePfRecord;
@@ -277,7 +277,7 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
     let vfs = SysfsVfControl::new(cfg.root.clone(), cfg.vf_wait);
     let record = host.record();
     let links = NetlinkLinks::new();
-    let dcb = NetlinkDcb::new(SocketTransport::new()?);
+    let dcb = NetlinkDcb::new(route_socket()?);
     let netns_mode = host.netns_mode();
     let agent = Agent {
         config: &cfg,
@@ -330,7 +330,7 @@ fn doctor_once(host: &HostArgs, args: &kroce_node_agent::doctor::DoctorArgs) -> 
     let cfg = args.config(host.agent_config().root, &host.host_root)?;
     // DCB state over netlink; without a socket, PFC is reported as unknown.
     let live = kroce_node_agent::doctor::HostNet {
-        dcb: SocketTransport::new().ok().map(NetlinkDcb::new),
+        dcb: route_socket().ok().map(NetlinkDcb::new),
     };
     let report = kroce_node_agent::doctor::run(&cfg, &live)?;
     let netns = kroce_node_agent::netns_mode::doctor_line(&host.netns_mode());

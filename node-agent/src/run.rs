@@ -7,7 +7,7 @@
 //! fixture hosts).
 
 use super::apply::{Agent, AgentConfig};
-use super::dcb::{Dcb, NetlinkDcb, SocketTransport};
+use super::dcb::{Dcb, NetlinkDcb, route_socket};
 use super::holders::{Holder, HolderSources, NodeHolders};
 use super::links::{LinkControl, NetlinkLinks};
 use super::pf_record::PfRecord;
@@ -195,7 +195,7 @@ pub async fn run(
             cfg.vf_write_timeout,
         )),
         links: Arc::new(NetlinkLinks::new()),
-        dcb: Arc::new(NetlinkDcb::new(SocketTransport::new()?)),
+        dcb: Arc::new(NetlinkDcb::new(route_socket()?)),
         record,
         netns_mode,
         pod_resources,

@@ -881,11 +881,17 @@ struct PfcRefusingKernel {
 }
 
 impl super::dcb::NetlinkTransport for PfcRefusingKernel {
-    fn request(&mut self, msg: &[u8]) -> std::io::Result<Vec<Vec<u8>>> {
-        use super::dcb::{RTM_GETDCB, RTM_SETDCB, cmd, encode};
-        self.sent.push(msg.to_vec());
-        let seq = u32::from_ne_bytes([msg[8], msg[9], msg[10], msg[11]]);
+    fn request(&mut self, msg: &kroce_cni::netlink::MsgBuilder) -> std::io::Result<Vec<Vec<u8>>> {
+        use super::dcb::{RTM_GETDCB, RTM_SETDCB, cmd};
+        let msg = msg.finish(1);
+        self.sent.push(msg.clone());
         let command = msg[17];
+        // Reply payloads: `dcbmsg` + attributes.
+        let encode = |_type: u16, command: u8, attrs: &[u8]| {
+            let mut m = vec![0, command, 0, 0];
+            m.extend_from_slice(attrs);
+            m
+        };
         let attr = |kind: u16, payload: &[u8]| {
             let mut a = Vec::new();
             a.extend(((4 + payload.len()) as u16).to_ne_bytes());
@@ -901,7 +907,7 @@ impl super::dcb::NetlinkTransport for PfcRefusingKernel {
             };
             let mut a = attr(13, &attr(2, &pfc.to_bytes()));
             a.extend(attr(14, &[DCB_CAP_DCBX_HOST | DCB_CAP_DCBX_VER_IEEE]));
-            return Ok(vec![encode(RTM_GETDCB, command, seq, &a)]);
+            return Ok(vec![encode(RTM_GETDCB, command, &a)]);
         }
         // DCB_ATTR_IEEE_PFC (2) inside the DCB_ATTR_IEEE nest at byte 32.
         let is_pfc = msg.len() > 40 && msg[38] == 2;
@@ -911,12 +917,7 @@ impl super::dcb::NetlinkTransport for PfcRefusingKernel {
             0
         };
         let kind = if command == cmd::SDCBX { 14 } else { 13 };
-        Ok(vec![encode(
-            RTM_SETDCB,
-            command,
-            seq,
-            &attr(kind, &[status]),
-        )])
+        Ok(vec![encode(RTM_SETDCB, command, &attr(kind, &[status]))])
     }
 }
 

@@ -1,12 +1,15 @@
-//! Hand-rolled synchronous netlink: a message builder and attribute parser
-//! (pure, byte-exact, tested against the kernel uapi layouts), a blocking
-//! socket opened once per netns, and the rtnetlink and RDMA netlink
-//! messages kroce-cni sends.
+//! The project's one netlink stack: a message builder and attribute parser
+//! (pure, byte-exact, tested against the kernel uapi layouts and iproute2's
+//! bytes), a blocking socket opened once per netns that matches answers by
+//! sequence number and bounds every request, and the rtnetlink and RDMA
+//! netlink messages kroce-cni sends. The node agent sends its MTU, DCB
+//! (`node-agent/src/dcb.rs`) and RDMA netns-mode messages through it too.
 //!
-//! Why not rtnetlink/netlink-packet-route: they are async (tokio), and the
-//! workspace pins a netlink-packet-core that does not match
-//! netlink-packet-route 0.34. The few messages needed here are small; the
-//! RDMA ones have no crate at all.
+//! Synchronous on purpose: kroce-cni is a short-lived exec and the node
+//! agent applies from a blocking thread, so an async stack would need a
+//! runtime per call; the RDMA and DCB messages have no crate at all. The
+//! device plugin's link-event listener (`device-plugin/src/kernel_events.rs`)
+//! is the one async netlink user left (rtnetlink multicast).
 
 pub mod rdma;
 pub mod route;

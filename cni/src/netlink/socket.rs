@@ -12,6 +12,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NlError {
@@ -33,11 +34,16 @@ impl NlError {
     }
 }
 
+/// How long one request waits for its answer: a kernel (or driver) that
+/// never answers must not hang the caller.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug)]
 pub struct NlSocket {
     fd: OwnedFd,
     seq: u32,
     buf: Vec<u8>,
+    timeout: Duration,
 }
 
 impl NlSocket {
@@ -51,13 +57,23 @@ impl NlSocket {
         )
         .map_err(|e| NlError::Socket(e.into()))?;
         bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(|e| NlError::Socket(e.into()))?;
-        // A kernel that never answers must not hang the runtime.
-        setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(10, 0))
-            .map_err(|e| NlError::Socket(e.into()))?;
+        NlSocket::from_fd(fd, REPLY_TIMEOUT)
+    }
+
+    /// Over an open datagram socket (a netlink one, or in tests a
+    /// socketpair whose far end plays the kernel); each request fails with
+    /// `TimedOut` when no answer to it came within `timeout`.
+    pub fn from_fd(fd: OwnedFd, timeout: Duration) -> Result<NlSocket, NlError> {
+        let tv = TimeVal::new(
+            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            i64::from(timeout.subsec_micros()),
+        );
+        setsockopt(&fd, sockopt::ReceiveTimeout, &tv).map_err(|e| NlError::Socket(e.into()))?;
         Ok(NlSocket {
             fd,
             seq: 1,
             buf: vec![0; 64 * 1024],
+            timeout,
         })
     }
 
@@ -76,9 +92,31 @@ impl NlSocket {
         let dump = msg.flags() & NLM_F_DUMP == NLM_F_DUMP;
         send(self.fd.as_raw_fd(), &bytes, MsgFlags::empty())
             .map_err(|e| NlError::Socket(e.into()))?;
+        let deadline = Instant::now() + self.timeout;
+        let timed_out = |timeout: Duration| {
+            NlError::Socket(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no netlink answer to request {seq} within {timeout:?}"),
+            ))
+        };
         let mut replies = Vec::new();
         loop {
-            let len = self.recv_datagram()?;
+            // Answers to earlier (timed-out) requests keep coming: still
+            // bounded by this request's deadline.
+            if Instant::now() >= deadline {
+                return Err(timed_out(self.timeout));
+            }
+            let len = match self.recv_datagram() {
+                Err(NlError::Socket(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(timed_out(self.timeout));
+                }
+                other => other?,
+            };
             for m in split_messages(&self.buf[..len])? {
                 if m.seq != seq {
                     continue;
@@ -134,5 +172,83 @@ impl NlSocket {
                 Err(e) => return Err(NlError::Socket(e.into())),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{NLM_F_ACK, NLM_F_REQUEST};
+    use super::*;
+    use std::os::unix::net::UnixDatagram;
+
+    fn ack(seq: u32, code: i32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend(36u32.to_ne_bytes());
+        m.extend(NLMSG_ERROR.to_ne_bytes());
+        m.extend(0x100u16.to_ne_bytes());
+        m.extend(seq.to_ne_bytes());
+        m.extend(0u32.to_ne_bytes());
+        m.extend(code.to_ne_bytes());
+        m.extend([0u8; 16]);
+        m
+    }
+
+    /// A socketpair whose far end plays the kernel.
+    fn pair(timeout: Duration) -> (NlSocket, UnixDatagram) {
+        let (a, b) = UnixDatagram::pair().unwrap();
+        (NlSocket::from_fd(OwnedFd::from(a), timeout).unwrap(), b)
+    }
+
+    fn seq_of(kernel: &UnixDatagram) -> u32 {
+        let mut buf = [0u8; 4096];
+        let n = kernel.recv(&mut buf).unwrap();
+        assert!(n >= 16);
+        u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]])
+    }
+
+    #[test]
+    fn answers_to_another_request_are_not_taken_for_this_one() {
+        let (mut s, kernel) = pair(Duration::from_secs(5));
+        let k = std::thread::spawn(move || {
+            let seq = seq_of(&kernel);
+            // A late refusal of an earlier request, then this one's reply
+            // and ACK in one datagram.
+            kernel.send(&ack(seq.wrapping_sub(1), -22)).unwrap();
+            let mut answer = MsgBuilder::new(79, 0)
+                .family_header(&[0, 20, 0, 0])
+                .finish(seq);
+            answer.extend(ack(seq, 0));
+            kernel.send(&answer).unwrap();
+        });
+        let r = s.request(&MsgBuilder::new(79, NLM_F_REQUEST | NLM_F_ACK));
+        k.join().unwrap();
+        assert_eq!(r.unwrap(), vec![vec![0, 20, 0, 0]]);
+    }
+
+    #[test]
+    fn a_request_nobody_answers_times_out() {
+        let (mut s, _kernel) = pair(Duration::from_millis(200));
+        let start = Instant::now();
+        let e = s
+            .request(&MsgBuilder::new(79, NLM_F_REQUEST | NLM_F_ACK))
+            .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        match &e {
+            NlError::Socket(io) => assert_eq!(io.kind(), std::io::ErrorKind::TimedOut, "{e}"),
+            other => panic!("{other:?}"),
+        }
+        // Only answers to other requests: still a timeout, not a success.
+        let (mut s, kernel) = pair(Duration::from_millis(200));
+        let stale = std::thread::spawn(move || {
+            let seq = seq_of(&kernel);
+            let _ = kernel.send(&ack(seq.wrapping_add(100), 0));
+            kernel
+        });
+        let r = s.request(&MsgBuilder::new(79, NLM_F_REQUEST | NLM_F_ACK));
+        let _kernel = stale.join().unwrap();
+        assert!(
+            matches!(&r, Err(NlError::Socket(io)) if io.kind() == std::io::ErrorKind::TimedOut),
+            "a stale ACK ended the request: {r:?}"
+        );
     }
 }
