@@ -376,6 +376,11 @@ fn is_admitted(phase: &AdmissionPhase) -> bool {
 }
 
 /// Plans one reconcile. Invalid policy is an error and plans nothing.
+///
+/// In order: runs in progress (from the nodes' Testing phases); test pods of
+/// runs nobody is in deleted; each run finished, timed out or aborted; each
+/// node's own step (disabled admission, config change, due retry/retest);
+/// new runs within the concurrency limit; marks that follow the phase.
 pub fn plan(
     input: &AdmissionInput,
     policy: &AdmissionPolicy,
@@ -391,264 +396,33 @@ pub fn plan(
         .collect();
     let mut actions = Vec::new();
 
-    // 1. Runs in progress, from the nodes' Testing phases.
-    let mut runs: BTreeMap<String, TestRun> = BTreeMap::new();
-    for v in &views {
-        if let AdmissionPhase::Testing { run, .. } = &v.admission.phase {
-            runs.entry(run.id.clone()).or_insert_with(|| run.clone());
-        }
-    }
-
-    // 2. Pods of runs nobody is in: left over from a crash or a removed node.
-    let mut deleted: BTreeSet<String> = BTreeSet::new();
+    let runs = runs_in_progress(&views);
+    let mut deleted = BTreeSet::new();
     for id in &input.pod_runs {
+        // Left over from a crash or a removed node.
         if !runs.contains_key(id) && deleted.insert(id.clone()) {
             actions.push(Action::DeleteTestPods { run_id: id.clone() });
         }
     }
-
-    // 3. Finish, time out or abort each run.
+    let ended = Ended { now, policy };
     for (id, run) in &runs {
-        let subjects_testing: Vec<&str> = run
-            .subjects
-            .iter()
-            .filter(|s| {
-                by_name.get(s.as_str()).is_some_and(|v| {
-                    matches!(&v.admission.phase, AdmissionPhase::Testing { run: r, .. } if r.id == *id)
-                })
-            })
-            .map(String::as_str)
-            .collect();
-        let abort_reason = if !policy.enabled {
-            Some("admission testing was disabled".to_string())
-        } else if subjects_testing.len() != run.subjects.len() {
-            Some("a node of the run left admission".to_string())
-        } else if let Some(s) = run
-            .subjects
-            .iter()
-            .find(|s| by_name.get(s.as_str()).is_some_and(|v| !v.config_in_sync))
-        {
-            Some(format!("the NIC configuration of {s} is changing"))
-        } else {
-            let server_is_subject = run.subjects.contains(&run.server_node);
-            let client_is_subject = run.subjects.contains(&run.client_node);
-            let peer_ok = |n: &str, is_subject: bool| {
-                is_subject
-                    || by_name
-                        .get(n)
-                        .is_some_and(|v| is_admitted(&v.admission.phase))
-            };
-            if !peer_ok(&run.server_node, server_is_subject)
-                || !peer_ok(&run.client_node, client_is_subject)
-            {
-                Some(format!(
-                    "peer node {} is no longer admitted",
-                    run.peer_of(&run.subjects[0])
-                ))
-            } else {
-                None
-            }
-        };
-
-        let outcome = input.outcomes.get(id);
-        let timed_out = outcome.is_none() && now >= run.deadline;
-        if abort_reason.is_none() && outcome.is_none() && !timed_out {
-            continue;
-        }
-        if deleted.insert(id.clone()) {
-            actions.push(Action::DeleteTestPods { run_id: id.clone() });
-        }
-        for s in &subjects_testing {
-            let Some(v) = by_name.get(s) else { continue };
-            let Some(state) = next.get_mut(*s) else {
-                continue;
-            };
-            let previously = match &v.admission.phase {
-                AdmissionPhase::Testing {
-                    previously_admitted,
-                    ..
-                } => *previously_admitted,
-                _ => None,
-            };
-            let peer = run.peer_of(s).to_string();
-            if let Some(reason) = &abort_reason {
-                state.phase = match previously {
-                    Some(at) if at.generation == v.config_generation => {
-                        AdmissionPhase::Admitted { at }
-                    }
-                    _ => AdmissionPhase::Pending,
-                };
-                actions.push(event(
-                    s,
-                    EventType::Warning,
-                    "AdmissionTestAborted",
-                    format!("test run {id} with {peer} aborted: {reason}"),
-                ));
-                continue;
-            }
-            let (passed, measurement, message) = match outcome {
-                Some(o) => (o.passed, o.measurement.clone(), o.message.clone()),
-                None => (
-                    false,
-                    None,
-                    format!(
-                        "test run timed out after {}s without a result",
-                        run.deadline.saturating_sub(run.started_at)
-                    ),
-                ),
-            };
-            let record = AdmissionRecord {
-                run_id: id.clone(),
-                peer: peer.clone(),
-                finished_at: now,
-                passed,
-                measurement,
-                message: message.clone(),
-            };
-            actions.push(Action::RecordResult {
-                node: s.to_string(),
-                record: record.clone(),
-            });
-            state.last_result = Some(Box::new(record));
-            if passed {
-                state.failures = 0;
-                state.phase = AdmissionPhase::Admitted {
-                    at: AdmittedAt {
-                        at: now,
-                        generation: v.config_generation,
-                        without_test: false,
-                    },
-                };
-                actions.push(event(
-                    s,
-                    EventType::Normal,
-                    "Admitted",
-                    format!("passed perftests against {peer}: {message}"),
-                ));
-            } else {
-                state.failures = state.failures.saturating_add(1);
-                let retry_at = now.saturating_add(policy.backoff(state.failures));
-                let reason = if timed_out {
-                    "AdmissionTestTimedOut"
-                } else {
-                    "AdmissionFailed"
-                };
-                actions.push(event(
-                    s,
-                    EventType::Warning,
-                    reason,
-                    format!(
-                        "perftests against {peer} failed: {message}; retry in {}s",
-                        retry_at - now
-                    ),
-                ));
-                state.phase = AdmissionPhase::Failed {
-                    at: now,
-                    retry_at,
-                    generation: v.config_generation,
-                    peer: Some(peer),
-                    reason: message,
-                };
-            }
-        }
+        ended.settle(
+            run,
+            input.outcomes.get(id),
+            &by_name,
+            &mut next,
+            &mut deleted,
+            &mut actions,
+        );
     }
-
-    // 4. Per node: disabled admission, config changes, due retries/retests.
     let mut candidates: Vec<&str> = Vec::new();
     for v in &views {
-        let Some(state) = next.get_mut(&v.name) else {
-            continue;
-        };
-        state.waiting = None;
-        state.retest_due = None;
-        if matches!(state.phase, AdmissionPhase::Testing { .. }) {
-            continue;
-        }
-        if !policy.enabled {
-            if v.config_in_sync {
-                let already = matches!(
-                    &state.phase,
-                    AdmissionPhase::Admitted { at, .. } if at.generation == v.config_generation
-                );
-                if !already {
-                    state.phase = AdmissionPhase::Admitted {
-                        at: AdmittedAt {
-                            at: now,
-                            generation: v.config_generation,
-                            without_test: true,
-                        },
-                    };
-                    actions.push(event(
-                        &v.name,
-                        EventType::Normal,
-                        "AdmittedWithoutTest",
-                        "admission testing is disabled: admitted on configuration alone".into(),
-                    ));
-                }
-            } else if !is_admitted(&state.phase)
-                || matches!(&state.phase, AdmissionPhase::Admitted { at, .. } if at.generation != v.config_generation)
-            {
-                state.phase = AdmissionPhase::Pending;
-                state.waiting =
-                    Some("waiting for the node agent to apply the NIC configuration".into());
-            }
-            continue;
-        }
-        match state.phase.clone() {
-            AdmissionPhase::Admitted { at } => {
-                if at.generation != v.config_generation {
-                    state.phase = AdmissionPhase::Pending;
-                    actions.push(event(
-                        &v.name,
-                        EventType::Normal,
-                        "AdmissionRevoked",
-                        format!(
-                            "NIC configuration changed (generation {} -> {}): the node must pass perftests again",
-                            at.generation, v.config_generation
-                        ),
-                    ));
-                    if v.config_in_sync {
-                        candidates.push(&v.name);
-                    }
-                } else if !v.config_in_sync {
-                    // Drift being put back on the same generation: stay admitted.
-                } else if at.without_test {
-                    // Testing was enabled after admitting on configuration
-                    // alone: test, staying schedulable meanwhile.
-                    candidates.push(&v.name);
-                } else if let Some(every) = policy.retest_interval_seconds {
-                    let due = at.at.saturating_add(every);
-                    state.retest_due = Some(due);
-                    if now >= due {
-                        candidates.push(&v.name);
-                    }
-                }
-            }
-            AdmissionPhase::Failed {
-                retry_at,
-                generation,
-                ..
-            } => {
-                if !v.config_in_sync {
-                    state.waiting =
-                        Some("waiting for the node agent to apply the NIC configuration".into());
-                } else if now >= retry_at || generation != v.config_generation {
-                    candidates.push(&v.name);
-                }
-            }
-            AdmissionPhase::Pending => {
-                if v.config_in_sync {
-                    candidates.push(&v.name);
-                } else {
-                    state.waiting =
-                        Some("waiting for the node agent to apply the NIC configuration".into());
-                }
-            }
-            AdmissionPhase::Testing { .. } => {}
+        if let Some(state) = next.get_mut(&v.name)
+            && node_step(v, state, policy, now, &mut actions)
+        {
+            candidates.push(&v.name);
         }
     }
-
-    // 5. Start runs within the concurrency limit.
     if policy.enabled {
         start_runs(
             &views,
@@ -659,25 +433,353 @@ pub fn plan(
             &mut actions,
         );
     }
-
-    // 6. Marks follow the phase; re-assert when the observed mark differs.
-    for v in &views {
-        let Some(state) = next.get(&v.name) else {
-            continue;
-        };
-        let ready = is_ready(&state.phase);
-        if v.marked_ready != Some(ready) {
-            actions.push(Action::MarkNode {
-                node: v.name.clone(),
-                ready,
-                marking: policy.marking,
-            });
-        }
-    }
+    actions.extend(mark_actions(&views, &next, policy));
     Ok(AdmissionPlan {
         nodes: next,
         actions,
     })
+}
+
+/// Runs in progress, by id, from the nodes' Testing phases.
+fn runs_in_progress(views: &[&NodeView]) -> BTreeMap<String, TestRun> {
+    let mut runs: BTreeMap<String, TestRun> = BTreeMap::new();
+    for v in views {
+        if let AdmissionPhase::Testing { run, .. } = &v.admission.phase {
+            runs.entry(run.id.clone()).or_insert_with(|| run.clone());
+        }
+    }
+    runs
+}
+
+/// Why a run in progress must stop before its result, if it must.
+fn abort_reason(
+    run: &TestRun,
+    subjects_testing: &[&str],
+    by_name: &BTreeMap<&str, &NodeView>,
+    policy: &AdmissionPolicy,
+) -> Option<String> {
+    if !policy.enabled {
+        return Some("admission testing was disabled".to_string());
+    }
+    if subjects_testing.len() != run.subjects.len() {
+        return Some("a node of the run left admission".to_string());
+    }
+    if let Some(s) = run
+        .subjects
+        .iter()
+        .find(|s| by_name.get(s.as_str()).is_some_and(|v| !v.config_in_sync))
+    {
+        return Some(format!("the NIC configuration of {s} is changing"));
+    }
+    let peer_ok = |n: &str| {
+        run.subjects.iter().any(|s| s == n)
+            || by_name
+                .get(n)
+                .is_some_and(|v| is_admitted(&v.admission.phase))
+    };
+    if !peer_ok(&run.server_node) || !peer_ok(&run.client_node) {
+        return Some(format!(
+            "peer node {} is no longer admitted",
+            run.peer_of(&run.subjects[0])
+        ));
+    }
+    None
+}
+
+/// Step 3: what ends a run (result, timeout, abort) and what it does to
+/// each of its subjects.
+struct Ended<'a> {
+    now: UnixSeconds,
+    policy: &'a AdmissionPolicy,
+}
+
+impl Ended<'_> {
+    fn settle(
+        &self,
+        run: &TestRun,
+        outcome: Option<&RunOutcome>,
+        by_name: &BTreeMap<&str, &NodeView>,
+        next: &mut BTreeMap<String, NodeAdmission>,
+        deleted: &mut BTreeSet<String>,
+        actions: &mut Vec<Action>,
+    ) {
+        let id = &run.id;
+        let subjects_testing: Vec<&str> = run
+            .subjects
+            .iter()
+            .filter(|s| {
+                by_name.get(s.as_str()).is_some_and(|v| {
+                    matches!(&v.admission.phase, AdmissionPhase::Testing { run: r, .. } if r.id == *id)
+                })
+            })
+            .map(String::as_str)
+            .collect();
+        let abort = abort_reason(run, &subjects_testing, by_name, self.policy);
+        let timed_out = outcome.is_none() && self.now >= run.deadline;
+        if abort.is_none() && outcome.is_none() && !timed_out {
+            return;
+        }
+        if deleted.insert(id.clone()) {
+            actions.push(Action::DeleteTestPods { run_id: id.clone() });
+        }
+        for s in &subjects_testing {
+            let (Some(v), Some(state)) = (by_name.get(s), next.get_mut(*s)) else {
+                continue;
+            };
+            match &abort {
+                Some(reason) => actions.push(self.abort(run, v, state, reason)),
+                None => actions.extend(self.record(run, v, state, outcome, timed_out)),
+            }
+        }
+    }
+
+    /// Back to admitted (a re-test of the same configuration) or pending.
+    fn abort(
+        &self,
+        run: &TestRun,
+        v: &NodeView,
+        state: &mut NodeAdmission,
+        reason: &str,
+    ) -> Action {
+        let previously = match &v.admission.phase {
+            AdmissionPhase::Testing {
+                previously_admitted,
+                ..
+            } => *previously_admitted,
+            _ => None,
+        };
+        state.phase = match previously {
+            Some(at) if at.generation == v.config_generation => AdmissionPhase::Admitted { at },
+            _ => AdmissionPhase::Pending,
+        };
+        event(
+            &v.name,
+            EventType::Warning,
+            "AdmissionTestAborted",
+            format!(
+                "test run {} with {} aborted: {reason}",
+                run.id,
+                run.peer_of(&v.name)
+            ),
+        )
+    }
+
+    /// The run's result (or its timeout) recorded: admitted, or failed
+    /// with a backoff.
+    fn record(
+        &self,
+        run: &TestRun,
+        v: &NodeView,
+        state: &mut NodeAdmission,
+        outcome: Option<&RunOutcome>,
+        timed_out: bool,
+    ) -> Vec<Action> {
+        let (now, s) = (self.now, v.name.as_str());
+        let peer = run.peer_of(s).to_string();
+        let (passed, measurement, message) = match outcome {
+            Some(o) => (o.passed, o.measurement.clone(), o.message.clone()),
+            None => (
+                false,
+                None,
+                format!(
+                    "test run timed out after {}s without a result",
+                    run.deadline.saturating_sub(run.started_at)
+                ),
+            ),
+        };
+        let record = AdmissionRecord {
+            run_id: run.id.clone(),
+            peer: peer.clone(),
+            finished_at: now,
+            passed,
+            measurement,
+            message: message.clone(),
+        };
+        let mut actions = vec![Action::RecordResult {
+            node: s.to_string(),
+            record: record.clone(),
+        }];
+        state.last_result = Some(Box::new(record));
+        if passed {
+            state.failures = 0;
+            state.phase = AdmissionPhase::Admitted {
+                at: AdmittedAt {
+                    at: now,
+                    generation: v.config_generation,
+                    without_test: false,
+                },
+            };
+            actions.push(event(
+                s,
+                EventType::Normal,
+                "Admitted",
+                format!("passed perftests against {peer}: {message}"),
+            ));
+            return actions;
+        }
+        state.failures = state.failures.saturating_add(1);
+        let retry_at = now.saturating_add(self.policy.backoff(state.failures));
+        let reason = if timed_out {
+            "AdmissionTestTimedOut"
+        } else {
+            "AdmissionFailed"
+        };
+        actions.push(event(
+            s,
+            EventType::Warning,
+            reason,
+            format!(
+                "perftests against {peer} failed: {message}; retry in {}s",
+                retry_at - now
+            ),
+        ));
+        state.phase = AdmissionPhase::Failed {
+            at: now,
+            retry_at,
+            generation: v.config_generation,
+            peer: Some(peer),
+            reason: message,
+        };
+        actions
+    }
+}
+
+const WAITING_FOR_AGENT: &str = "waiting for the node agent to apply the NIC configuration";
+
+/// Step 4, one node: disabled admission, config changes, due retries and
+/// retests. True when the node should start a run.
+fn node_step(
+    v: &NodeView,
+    state: &mut NodeAdmission,
+    policy: &AdmissionPolicy,
+    now: UnixSeconds,
+    actions: &mut Vec<Action>,
+) -> bool {
+    state.waiting = None;
+    state.retest_due = None;
+    if matches!(state.phase, AdmissionPhase::Testing { .. }) {
+        return false;
+    }
+    if !policy.enabled {
+        actions.extend(untested_step(v, state, now));
+        return false;
+    }
+    match state.phase.clone() {
+        AdmissionPhase::Admitted { at } => admitted_step(v, state, at, policy, now, actions),
+        AdmissionPhase::Failed {
+            retry_at,
+            generation,
+            ..
+        } => {
+            if !v.config_in_sync {
+                state.waiting = Some(WAITING_FOR_AGENT.into());
+                false
+            } else {
+                now >= retry_at || generation != v.config_generation
+            }
+        }
+        AdmissionPhase::Pending => {
+            if !v.config_in_sync {
+                state.waiting = Some(WAITING_FOR_AGENT.into());
+            }
+            v.config_in_sync
+        }
+        AdmissionPhase::Testing { .. } => false,
+    }
+}
+
+/// Admission testing disabled: admitted on configuration alone once the
+/// agent applied it; pending while it has not.
+fn untested_step(v: &NodeView, state: &mut NodeAdmission, now: UnixSeconds) -> Option<Action> {
+    if v.config_in_sync {
+        let already = matches!(
+            &state.phase,
+            AdmissionPhase::Admitted { at, .. } if at.generation == v.config_generation
+        );
+        if already {
+            return None;
+        }
+        state.phase = AdmissionPhase::Admitted {
+            at: AdmittedAt {
+                at: now,
+                generation: v.config_generation,
+                without_test: true,
+            },
+        };
+        return Some(event(
+            &v.name,
+            EventType::Normal,
+            "AdmittedWithoutTest",
+            "admission testing is disabled: admitted on configuration alone".into(),
+        ));
+    }
+    if !is_admitted(&state.phase)
+        || matches!(&state.phase, AdmissionPhase::Admitted { at, .. } if at.generation != v.config_generation)
+    {
+        state.phase = AdmissionPhase::Pending;
+        state.waiting = Some(WAITING_FOR_AGENT.into());
+    }
+    None
+}
+
+/// An admitted node: revoked by a new NIC configuration, re-tested when it
+/// was admitted untested or its retest interval passed.
+fn admitted_step(
+    v: &NodeView,
+    state: &mut NodeAdmission,
+    at: AdmittedAt,
+    policy: &AdmissionPolicy,
+    now: UnixSeconds,
+    actions: &mut Vec<Action>,
+) -> bool {
+    if at.generation != v.config_generation {
+        state.phase = AdmissionPhase::Pending;
+        actions.push(event(
+            &v.name,
+            EventType::Normal,
+            "AdmissionRevoked",
+            format!(
+                "NIC configuration changed (generation {} -> {}): the node must pass perftests again",
+                at.generation, v.config_generation
+            ),
+        ));
+        return v.config_in_sync;
+    }
+    if !v.config_in_sync {
+        // Drift being put back on the same generation: stay admitted.
+        return false;
+    }
+    if at.without_test {
+        // Testing was enabled after admitting on configuration alone: test,
+        // staying schedulable meanwhile.
+        return true;
+    }
+    let Some(every) = policy.retest_interval_seconds else {
+        return false;
+    };
+    let due = at.at.saturating_add(every);
+    state.retest_due = Some(due);
+    now >= due
+}
+
+/// Step 6: marks follow the phase; re-asserted when the observed mark
+/// differs.
+fn mark_actions(
+    views: &[&NodeView],
+    next: &BTreeMap<String, NodeAdmission>,
+    policy: &AdmissionPolicy,
+) -> Vec<Action> {
+    views
+        .iter()
+        .filter_map(|v| {
+            let ready = is_ready(&next.get(&v.name)?.phase);
+            (v.marked_ready != Some(ready)).then(|| Action::MarkNode {
+                node: v.name.clone(),
+                ready,
+                marking: policy.marking,
+            })
+        })
+        .collect()
 }
 
 fn start_runs(
