@@ -209,6 +209,23 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             format!("{name:?} must be a DNS label (it names attachment definitions and pools)"),
         ));
     }
+    validate_selector(spec, &mut errors);
+    validate_node_config(spec, &mut errors);
+    if let Some(ipam) = &spec.ipam {
+        validate_ipam(ipam, &mut errors);
+    }
+    validate_namespaces(spec, &mut errors);
+    validate_pod_facing(name, spec, &mut errors);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// What the network selects: SR-IOV PFs (and their VFs) or soft devices,
+/// never both; the selector fields' own syntax.
+fn validate_selector(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
     let sel = &spec.nic_selector;
     if sel.is_empty() {
         errors.push(err(
@@ -217,7 +234,7 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
         ));
     }
     if spec.frontend == Frontend::Dra {
-        validate_dra(spec, &mut errors);
+        validate_dra(spec, errors);
     }
     if sel.selects_pfs() {
         if !sel.if_names.is_empty() {
@@ -239,7 +256,7 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             ));
         }
     } else if !sel.if_names.is_empty() {
-        validate_soft(spec, &mut errors);
+        validate_soft(spec, errors);
     }
     for (field, value) in [("vendor", &sel.vendor), ("deviceID", &sel.device_id)] {
         if let Some(v) = value
@@ -289,6 +306,10 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             ));
         }
     }
+}
+
+/// What the node agent applies: IRQ CPUs, VF count, MTU, VLAN and QoS.
+fn validate_node_config(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
     if let Some(cpus) = &spec.irq_affinity.reserved_cpus
         && let Err(e) = cpus.parse::<CpuList>()
     {
@@ -327,24 +348,30 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             errors.push(err("spec.vlanQoS", "needs a non-zero spec.vlan"));
         }
     }
-    if let Some(ipam) = &spec.ipam {
-        match ipam.get("type").and_then(|t| t.as_str()) {
-            Some(t) if !t.is_empty() => {}
-            _ => errors.push(err(
-                "spec.ipam",
-                "must be an object with a non-empty \"type\" (e.g. host-local, whereabouts)",
-            )),
-        }
-        match ipam.get("subnet") {
-            None => {}
-            Some(serde_json::Value::String(sub)) if is_cidr(sub) => {}
-            Some(other) => errors.push(err(
-                "spec.ipam.subnet",
-                format!("{other} is not a CIDR (e.g. 10.56.0.0/16)"),
-            )),
-        }
-        check_ipam_ranges(ipam, &mut errors);
+}
+
+/// The IPAM section handed to the CNI IPAM plugin.
+fn validate_ipam(ipam: &serde_json::Value, errors: &mut Vec<FieldError>) {
+    match ipam.get("type").and_then(|t| t.as_str()) {
+        Some(t) if !t.is_empty() => {}
+        _ => errors.push(err(
+            "spec.ipam",
+            "must be an object with a non-empty \"type\" (e.g. host-local, whereabouts)",
+        )),
     }
+    match ipam.get("subnet") {
+        None => {}
+        Some(serde_json::Value::String(sub)) if is_cidr(sub) => {}
+        Some(other) => errors.push(err(
+            "spec.ipam.subnet",
+            format!("{other} is not a CIDR (e.g. 10.56.0.0/16)"),
+        )),
+    }
+    check_ipam_ranges(ipam, errors);
+}
+
+/// Where the network's attachment definitions go.
+fn validate_namespaces(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
     if spec.network_namespaces.len() > MAX_NETWORK_NAMESPACES {
         errors.push(err(
             "spec.networkNamespaces",
@@ -362,6 +389,11 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
             ));
         }
     }
+}
+
+/// What pods see: memlock, the drain budget, the PFC priority and the
+/// device plugin's resource name.
+fn validate_pod_facing(name: &str, spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
     if let Some(m) = &spec.memlock
         && let Err(e) = m.parse::<kroce_contracts::Memlock>()
     {
@@ -387,11 +419,6 @@ pub fn validate_network(name: &str, spec: &RdmaNetworkSpec) -> Result<(), Vec<Fi
         && let Err(e) = kroce_contracts::ResourceName::for_network(name, Some(r))
     {
         errors.push(err("spec.resourceName", e.to_string()));
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors)
     }
 }
 
