@@ -782,6 +782,55 @@ fn mark_actions(
         .collect()
 }
 
+/// What the operator sees of one run's test pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunPods {
+    /// The server pod exists; `Some(ip)` once it runs and has its address
+    /// on the network under test.
+    pub server: Option<Option<std::net::Ipv4Addr>>,
+    pub client: bool,
+}
+
+/// A test pod to create for a run in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodStart {
+    Server,
+    /// The client, told the server's address.
+    Client {
+        server_ip: std::net::Ipv4Addr,
+    },
+}
+
+/// After [`plan`]: which pods of the runs in progress to create. The server
+/// first; the client once the server runs with its address (it connects to
+/// it). Runs whose pods `plan` itself just asked for (`just_created`) are
+/// left to the next pass.
+pub fn pods_to_start<'a>(
+    nodes: &'a BTreeMap<String, NodeAdmission>,
+    seen: &BTreeMap<String, RunPods>,
+    just_created: &BTreeSet<String>,
+) -> Vec<(&'a TestRun, PodStart)> {
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for st in nodes.values() {
+        let AdmissionPhase::Testing { run, .. } = &st.phase else {
+            continue;
+        };
+        if just_created.contains(&run.id) || !done.insert(run.id.as_str()) {
+            continue;
+        }
+        let pods = seen.get(&run.id).copied().unwrap_or_default();
+        match pods.server {
+            None => out.push((run, PodStart::Server)),
+            Some(Some(server_ip)) if !pods.client => {
+                out.push((run, PodStart::Client { server_ip }));
+            }
+            Some(_) => {}
+        }
+    }
+    out
+}
+
 fn start_runs(
     views: &[&NodeView],
     next: &mut BTreeMap<String, NodeAdmission>,

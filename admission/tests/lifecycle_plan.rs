@@ -903,3 +903,76 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_client_starts_once_the_server_runs_with_its_address() {
+    use kroce_admission::lifecycle::{PodStart, RunPods, pods_to_start};
+    use std::collections::BTreeSet;
+    let run = |id: &str, server: &str, client: &str| TestRun {
+        id: id.into(),
+        server_node: server.into(),
+        client_node: client.into(),
+        subjects: vec![server.into(), client.into()],
+        started_at: 0,
+        deadline: 300,
+    };
+    let testing = |r: TestRun| NodeAdmission {
+        phase: AdmissionPhase::Testing {
+            run: r,
+            previously_admitted: None,
+        },
+        ..Default::default()
+    };
+    let ip = std::net::Ipv4Addr::new(10, 56, 0, 7);
+    let mut nodes = BTreeMap::new();
+    // r1: both subjects in one run: one server pod, not two.
+    nodes.insert("a".to_string(), testing(run("r1", "a", "b")));
+    nodes.insert("b".to_string(), testing(run("r1", "a", "b")));
+    nodes.insert("c".to_string(), testing(run("r2", "c", "x")));
+    nodes.insert("d".to_string(), testing(run("r3", "d", "x")));
+    nodes.insert("e".to_string(), testing(run("r4", "e", "x")));
+    nodes.insert("f".to_string(), testing(run("r5", "f", "x")));
+    nodes.insert(
+        "g".to_string(),
+        NodeAdmission {
+            phase: admitted(0),
+            ..Default::default()
+        },
+    );
+    let seen = BTreeMap::from([
+        (
+            "r2".to_string(),
+            RunPods {
+                server: Some(Some(ip)),
+                client: false,
+            },
+        ),
+        // Server not running (or no address) yet: wait.
+        (
+            "r3".to_string(),
+            RunPods {
+                server: Some(None),
+                client: false,
+            },
+        ),
+        (
+            "r4".to_string(),
+            RunPods {
+                server: Some(Some(ip)),
+                client: true,
+            },
+        ),
+    ]);
+    let just_created = BTreeSet::from(["r5".to_string()]);
+    let got: Vec<(String, PodStart)> = pods_to_start(&nodes, &seen, &just_created)
+        .into_iter()
+        .map(|(r, s)| (r.id.clone(), s))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("r1".to_string(), PodStart::Server),
+            ("r2".to_string(), PodStart::Client { server_ip: ip }),
+        ]
+    );
+}

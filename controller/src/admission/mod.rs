@@ -40,8 +40,8 @@ use world::{World, list_world};
 use super::{Context, Error};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kroce_admission::lifecycle::{
-    self, Action as Step, AdmissionInput, AdmissionPhase, NodeAdmission, NodeView, RunOutcome,
-    TestRun,
+    self, Action as Step, AdmissionInput, AdmissionPhase, NodeAdmission, NodeView, PodStart,
+    RunOutcome, RunPods, TestRun,
 };
 use kroce_admission::pod_run::{self, Role};
 use kroce_operator::crd::admission::rfc3339;
@@ -171,10 +171,8 @@ async fn run_network(
     now: u64,
 ) -> Result<Pass, Error> {
     let name = net.name_any();
-    let resource = net.spec.full_resource_name(&name);
     let settings = &ctx.admission;
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &settings.test_namespace);
-    let nodes: BTreeMap<String, &Node> = world.nodes.iter().map(|n| (n.name_any(), &**n)).collect();
     // This network's test pods only: another's runs are not orphans here.
     let pods: Vec<&Pod> = world
         .pods
@@ -182,74 +180,9 @@ async fn run_network(
         .map(|p| &**p)
         .filter(|p| label(p, ADMISSION_NETWORK_LABEL) == Some(name.as_str()))
         .collect();
-
-    // Nodes in another network's run sit this one out until it ends.
-    let mut elsewhere = BTreeSet::new();
-    let mut here = BTreeSet::new();
-    for e in entries.all() {
-        if let AdmissionPhase::Testing { run, .. } = &e.state.phase {
-            let set = if e.network == name {
-                &mut here
-            } else {
-                &mut elsewhere
-            };
-            set.insert(run.server_node.clone());
-            set.insert(run.client_node.clone());
-        }
-    }
-    let mut views = Vec::new();
-    for np in plan.nodes.iter().filter(|n| n.selected.contains(&name)) {
-        if elsewhere.contains(&np.node) && !here.contains(&np.node) {
-            continue;
-        }
-        let state = world.states.get(&np.node).map(|s| &**s);
-        let (config_generation, config_in_sync) = config_view(np, state, &name);
-        let marked_ready = nodes.get(&np.node).map(|n| match spec.gate {
-            AdmissionGate::Taint => !has_taint(n),
-            AdmissionGate::Label => has_label(n),
-        });
-        views.push(NodeView {
-            name: np.node.clone(),
-            admission: stored(entries.of(&np.node), &name),
-            config_generation,
-            config_in_sync,
-            marked_ready,
-        });
-    }
-
-    // Finished runs, from their pods.
-    let mut by_run: BTreeMap<&str, (Option<&Pod>, Option<&Pod>)> = BTreeMap::new();
-    for p in pods.iter().copied() {
-        let Some(run) = label(p, ADMISSION_RUN_LABEL) else {
-            continue;
-        };
-        let slot = by_run.entry(run).or_default();
-        match label(p, ADMISSION_ROLE_LABEL) {
-            Some("server") => slot.0 = Some(p),
-            Some("client") => slot.1 = Some(p),
-            _ => {}
-        }
-    }
-    let mut runs: BTreeMap<String, TestRun> = BTreeMap::new();
-    for v in &views {
-        if let AdmissionPhase::Testing { run, .. } = &v.admission.phase {
-            runs.insert(run.id.clone(), run.clone());
-        }
-    }
-    let mut outcomes = BTreeMap::new();
-    let nad = test_nad_name(&name);
-    for id in runs.keys() {
-        // Pods that could not be created (an earlier pass): fail at once.
-        if let Some(why) = settings.take_create_failure(id) {
-            outcomes.insert(id.clone(), RunOutcome::error(why));
-            continue;
-        }
-        let (server, client) = by_run.get(id.as_str()).copied().unwrap_or_default();
-        let at = (settings.test_namespace.as_str(), nad.as_str(), now);
-        if let Some(o) = outcome(&pods_api, spec, server, client, at).await {
-            outcomes.insert(id.clone(), o);
-        }
-    }
+    let by_run = pods_by_run(&pods);
+    let views = node_views(&name, spec, plan, world, entries);
+    let outcomes = run_outcomes(ctx, &pods_api, spec, &name, &views, &by_run, now).await;
     // The concurrency limit is cluster-wide: runs of other networks count.
     let testing_elsewhere = entries
         .all()
@@ -271,9 +204,156 @@ async fn run_network(
         Ok(p) => p,
         Err(e) => return Ok(Pass::Invalid(format!("spec.{e}"))),
     };
+    let created = carry_out(ctx, net, spec, &pods_api, &pods, &adm.actions).await?;
+    let nad = test_nad_name(&name);
+    let seen: BTreeMap<String, RunPods> = by_run
+        .iter()
+        .map(|(id, (server, client))| {
+            let server = server.map(|s| {
+                attachment_ipv4(s, &settings.test_namespace, &nad)
+                    .filter(|_| pod_phase(s) == "Running")
+            });
+            let pods = RunPods {
+                server,
+                client: client.is_some(),
+            };
+            (id.to_string(), pods)
+        })
+        .collect();
+    for (run, start) in lifecycle::pods_to_start(&adm.nodes, &seen, &created) {
+        start_pod(ctx, net, spec, &pods_api, run, start).await?;
+    }
+    let stamp = rfc3339(now);
+    for (node, adm_state) in &adm.nodes {
+        let previous = entries.of(node).iter().find(|e| e.network == name);
+        // Unchanged records keep their entry (nothing rebuilt, nothing written).
+        if previous.is_some() && before.get(node.as_str()) == Some(adm_state) {
+            continue;
+        }
+        let entry = entry_for(&name, adm_state, previous, &stamp);
+        entries.set(node, entry);
+    }
+    Ok(Pass::Wake(wake_after(&adm.nodes, spec, now)))
+}
 
+/// A run's server and client pods, by run id.
+type PodsByRun<'a> = BTreeMap<&'a str, (Option<&'a Pod>, Option<&'a Pod>)>;
+
+fn pods_by_run<'a>(pods: &[&'a Pod]) -> PodsByRun<'a> {
+    let mut by_run: PodsByRun<'a> = BTreeMap::new();
+    for p in pods.iter().copied() {
+        let Some(run) = label(p, ADMISSION_RUN_LABEL) else {
+            continue;
+        };
+        let slot = by_run.entry(run).or_default();
+        match label(p, ADMISSION_ROLE_LABEL) {
+            Some("server") => slot.0 = Some(p),
+            Some("client") => slot.1 = Some(p),
+            _ => {}
+        }
+    }
+    by_run
+}
+
+/// The planner's view of each node the network selects. Nodes in another
+/// network's run sit this one out until it ends.
+fn node_views(
+    name: &str,
+    spec: &AdmissionSpec,
+    plan: &ClusterPlan,
+    world: &World,
+    entries: &Entries<'_>,
+) -> Vec<NodeView> {
+    let nodes: BTreeMap<String, &Node> = world.nodes.iter().map(|n| (n.name_any(), &**n)).collect();
+    let mut elsewhere = BTreeSet::new();
+    let mut here = BTreeSet::new();
+    for e in entries.all() {
+        if let AdmissionPhase::Testing { run, .. } = &e.state.phase {
+            let set = if e.network == name {
+                &mut here
+            } else {
+                &mut elsewhere
+            };
+            set.insert(run.server_node.clone());
+            set.insert(run.client_node.clone());
+        }
+    }
+    let mut views = Vec::new();
+    for np in plan
+        .nodes
+        .iter()
+        .filter(|n| n.selected.iter().any(|s| s == name))
+    {
+        if elsewhere.contains(&np.node) && !here.contains(&np.node) {
+            continue;
+        }
+        let state = world.states.get(&np.node).map(|s| &**s);
+        let (config_generation, config_in_sync) = config_view(np, state, name);
+        let marked_ready = nodes.get(&np.node).map(|n| match spec.gate {
+            AdmissionGate::Taint => !has_taint(n),
+            AdmissionGate::Label => has_label(n),
+        });
+        views.push(NodeView {
+            name: np.node.clone(),
+            admission: stored(entries.of(&np.node), name),
+            config_generation,
+            config_in_sync,
+            marked_ready,
+        });
+    }
+    views
+}
+
+/// Finished runs, from their pods (or a create failure of an earlier pass).
+async fn run_outcomes(
+    ctx: &Context,
+    pods_api: &Api<Pod>,
+    spec: &AdmissionSpec,
+    name: &str,
+    views: &[NodeView],
+    by_run: &PodsByRun<'_>,
+    now: u64,
+) -> BTreeMap<String, RunOutcome> {
+    let settings = &ctx.admission;
+    let runs: BTreeSet<&str> = views
+        .iter()
+        .filter_map(|v| match &v.admission.phase {
+            AdmissionPhase::Testing { run, .. } => Some(run.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let nad = test_nad_name(name);
+    let mut outcomes = BTreeMap::new();
+    for id in runs {
+        // Pods that could not be created (an earlier pass): fail at once.
+        if let Some(why) = settings.take_create_failure(id) {
+            outcomes.insert(id.to_string(), RunOutcome::error(why));
+            continue;
+        }
+        let (server, client) = by_run.get(id).copied().unwrap_or_default();
+        let at = (settings.test_namespace.as_str(), nad.as_str(), now);
+        if let Some(o) = outcome(pods_api, spec, server, client, at).await {
+            outcomes.insert(id.to_string(), o);
+        }
+    }
+    outcomes
+}
+
+/// The plan's actions on the API: test pods deleted and created, events.
+/// Returns the runs whose server pod was tried this pass.
+async fn carry_out(
+    ctx: &Context,
+    net: &RdmaNetwork,
+    spec: &AdmissionSpec,
+    pods_api: &Api<Pod>,
+    pods: &[&Pod],
+    actions: &[Step],
+) -> Result<BTreeSet<String>, Error> {
+    let name = net.name_any();
+    let resource = net.spec.full_resource_name(&name);
+    let settings = &ctx.admission;
     let mut created: BTreeSet<String> = BTreeSet::new();
-    for step in &adm.actions {
+    for step in actions {
         match step {
             Step::DeleteTestPods { run_id } => {
                 let names = pods
@@ -281,35 +361,22 @@ async fn run_network(
                     .filter(|p| label(p, ADMISSION_RUN_LABEL) == Some(run_id.as_str()))
                     .map(|p| p.name_any())
                     .collect::<Vec<_>>();
-                for e in delete_pods(&pods_api, names.iter().map(String::as_str)).await {
+                for e in delete_pods(pods_api, names.iter().map(String::as_str)).await {
                     tracing::warn!(error = %e, run = %run_id, "cannot delete test pod");
                 }
             }
             Step::CreateTestPods { run } => {
                 let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
                 let r = match ensure_test_nad(ctx, net).await {
-                    Ok(()) => create_pod(&pods_api, &pod)
+                    Ok(()) => create_pod(pods_api, &pod)
                         .await
                         .map_err(|e| CreateFailure::pod(&pod.name_any(), &e)),
                     Err(e) => Err(CreateFailure::nad(&settings.test_namespace, &name, &e)),
                 };
                 // Tried this pass either way: not again below.
                 created.insert(run.id.clone());
-                match r {
-                    Ok(()) => {}
-                    Err(f) => {
-                        node_event(
-                            ctx,
-                            &run.server_node,
-                            EventType::Warning,
-                            "AdmissionPodFailed",
-                            f.message.clone(),
-                        )
-                        .await;
-                        if f.fatal {
-                            settings.record_create_failure(&run.id, f.message);
-                        }
-                    }
+                if let Err(f) = r {
+                    create_failed(ctx, &run.server_node, &run.id, f).await;
                 }
             }
             Step::Event {
@@ -324,88 +391,68 @@ async fn run_network(
                 };
                 node_event(ctx, node, t, reason, format!("network {name}: {message}")).await;
             }
-            // Recorded with the node's state below; marks follow every
-            // network at once (apply_marks).
+            // Recorded with the node's state by the caller; marks follow
+            // every network at once (apply_marks).
             Step::RecordResult { .. } | Step::MarkNode { .. } => {}
         }
     }
+    Ok(created)
+}
 
-    // Runs in progress: the client starts once the server has its address.
-    let mut advanced = BTreeSet::new();
-    for st in adm.nodes.values() {
-        let AdmissionPhase::Testing { run, .. } = &st.phase else {
-            continue;
-        };
-        if created.contains(&run.id) || !advanced.insert(run.id.clone()) {
-            continue;
+/// Creates one test pod of a run in progress (the planner's
+/// [`lifecycle::pods_to_start`]).
+async fn start_pod(
+    ctx: &Context,
+    net: &RdmaNetwork,
+    spec: &AdmissionSpec,
+    pods_api: &Api<Pod>,
+    run: &TestRun,
+    start: PodStart,
+) -> Result<(), Error> {
+    let name = net.name_any();
+    let resource = net.spec.full_resource_name(&name);
+    let settings = &ctx.admission;
+    let pod = match start {
+        PodStart::Server => {
+            let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
+            if let Err(e) = ensure_test_nad(ctx, net).await {
+                let f = CreateFailure::nad(&settings.test_namespace, &name, &e);
+                create_failed(ctx, &run.server_node, &run.id, f).await;
+                return Ok(());
+            }
+            pod
         }
-        let (server, client) = by_run.get(run.id.as_str()).copied().unwrap_or_default();
-        let result = match (server, client) {
-            (None, _) => {
-                let pod = test_pod(settings, &name, &resource, spec, run, Role::Server, None)?;
-                if let Err(e) = ensure_test_nad(ctx, net).await {
-                    let f = CreateFailure::nad(&settings.test_namespace, &name, &e);
-                    node_event(
-                        ctx,
-                        &run.server_node,
-                        EventType::Warning,
-                        "AdmissionPodFailed",
-                        f.message.clone(),
-                    )
-                    .await;
-                    if f.fatal {
-                        settings.record_create_failure(&run.id, f.message);
-                    }
-                    continue;
-                }
-                create_pod(&pods_api, &pod).await
-            }
-            (Some(s), None) => {
-                match attachment_ipv4(s, &settings.test_namespace, &test_nad_name(&name)) {
-                    Some(ip) if pod_phase(s) == "Running" => {
-                        let pod = test_pod(
-                            settings,
-                            &name,
-                            &resource,
-                            spec,
-                            run,
-                            Role::Client,
-                            Some(ip),
-                        )?;
-                        create_pod(&pods_api, &pod).await
-                    }
-                    _ => Ok(()),
-                }
-            }
-            (Some(_), Some(_)) => Ok(()),
-        };
-        if let Err(e) = result {
-            let f = CreateFailure::pod(&format!("of run {}", run.id), &e);
-            node_event(
-                ctx,
-                &run.client_node,
-                EventType::Warning,
-                "AdmissionPodFailed",
-                f.message.clone(),
-            )
-            .await;
-            if f.fatal {
-                settings.record_create_failure(&run.id, f.message);
-            }
-        }
+        PodStart::Client { server_ip } => test_pod(
+            settings,
+            &name,
+            &resource,
+            spec,
+            run,
+            Role::Client,
+            Some(server_ip),
+        )?,
+    };
+    if let Err(e) = create_pod(pods_api, &pod).await {
+        let f = CreateFailure::pod(&format!("of run {}", run.id), &e);
+        create_failed(ctx, &run.client_node, &run.id, f).await;
     }
+    Ok(())
+}
 
-    let stamp = rfc3339(now);
-    for (node, adm_state) in &adm.nodes {
-        let previous = entries.of(node).iter().find(|e| e.network == name);
-        // Unchanged records keep their entry (nothing rebuilt, nothing written).
-        if previous.is_some() && before.get(node.as_str()) == Some(adm_state) {
-            continue;
-        }
-        let entry = entry_for(&name, adm_state, previous, &stamp);
-        entries.set(node, entry);
+/// A test pod (or its attachment definition) could not be created: an
+/// event on the node, and a refusal fails the run at once.
+async fn create_failed(ctx: &Context, node: &str, run_id: &str, f: CreateFailure) {
+    node_event(
+        ctx,
+        node,
+        EventType::Warning,
+        "AdmissionPodFailed",
+        f.message.clone(),
+    )
+    .await;
+    if f.fatal {
+        ctx.admission.record_create_failure(run_id, f.message);
     }
-    Ok(Pass::Wake(wake_after(&adm.nodes, spec, now)))
 }
 
 /// Admission from a network's reconcile: one pass over every network
