@@ -143,10 +143,34 @@ pub fn status_apply_body(result: &AttachResult) -> Value {
     })
 }
 
+/// Why a pass of the [`Reporter`] could not report a result.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("ResourceClaim {namespace}/{name}: status apply: {source}")]
+    Apply {
+        namespace: String,
+        name: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 /// Writes claim status (a narrow edge: one server-side apply).
 #[tonic::async_trait]
 pub trait ClaimStatusWriter: Send + Sync + std::fmt::Debug {
-    async fn apply(&self, namespace: &str, name: &str, body: &Value) -> Result<(), String>;
+    async fn apply(&self, namespace: &str, name: &str, body: &Value) -> Result<(), ReportError>;
 }
 
 /// Claim status through the API server: `PATCH …/resourceclaims/<name>/status`
@@ -170,14 +194,18 @@ impl KubeClaimStatus {
 
 #[tonic::async_trait]
 impl ClaimStatusWriter for KubeClaimStatus {
-    async fn apply(&self, namespace: &str, name: &str, body: &Value) -> Result<(), String> {
+    async fn apply(&self, namespace: &str, name: &str, body: &Value) -> Result<(), ReportError> {
         use k8s_openapi::api::resource::v1::ResourceClaim;
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
         let pp = kube::api::PatchParams::apply(DRIVER_NAME).force();
         api.patch_status(name, &pp, &kube::api::Patch::Apply(body))
             .await
             .map(|_| ())
-            .map_err(|e| format!("ResourceClaim {namespace}/{name}: status apply: {e}"))
+            .map_err(|e| ReportError::Apply {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source: Box::new(e),
+            })
     }
 }
 
@@ -202,13 +230,18 @@ impl Reporter {
     /// One pass over the directory; the errors of this pass (a result
     /// file unreadable, an apply refused). Results of claims whose request
     /// is gone (unprepared) are not reported.
-    pub async fn sync(&mut self) -> Vec<String> {
+    pub async fn sync(&mut self) -> Vec<ReportError> {
         let dir = self.dir.clone();
         // Directory listing and file reads on the blocking pool: a slow
         // disk must not stall the async workers that answer the kubelet.
         let read = tokio::task::spawn_blocking(move || read_results(&dir))
             .await
-            .unwrap_or_else(|e| Err(format!("{}: {e}", self.dir.display())));
+            .unwrap_or_else(|e| {
+                Err(ReportError::Read {
+                    path: self.dir.clone(),
+                    source: std::io::Error::other(e),
+                })
+            });
         let (all, results) = match read {
             Ok(x) => x,
             Err(e) => return vec![e],
@@ -266,10 +299,10 @@ type Files = BTreeMap<String, PathBuf>;
 /// error naming its file. A result gone meanwhile (released) is left out.
 type Read = (
     std::collections::BTreeSet<String>,
-    Vec<(String, Result<AttachResult, String>)>,
+    Vec<(String, Result<AttachResult, ReportError>)>,
 );
 
-fn read_results(dir: &Path) -> Result<Read, String> {
+fn read_results(dir: &Path) -> Result<Read, ReportError> {
     let (requests, results) = list(dir)?;
     let all = results.keys().cloned().collect();
     let mut out = Vec::new();
@@ -277,26 +310,35 @@ fn read_results(dir: &Path) -> Result<Read, String> {
         if !requests.contains_key(&uid) {
             continue;
         }
-        match std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-        {
-            Ok(r) => out.push((uid, Ok(r))),
-            Err(_) if !path.exists() => {}
-            Err(e) => out.push((uid, Err(format!("{}: {e}", path.display())))),
-        }
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            // Released meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                out.push((uid, Err(ReportError::Read { path, source })));
+                continue;
+            }
+        };
+        let parsed =
+            serde_json::from_slice(&bytes).map_err(|source| ReportError::Parse { path, source });
+        out.push((uid, parsed));
     }
     Ok((all, out))
 }
 
 /// Request and result files of `dir` by claim UID; a missing dir is empty.
-fn list(dir: &Path) -> Result<(Files, Files), String> {
+fn list(dir: &Path) -> Result<(Files, Files), ReportError> {
     let mut requests = BTreeMap::new();
     let mut results = BTreeMap::new();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((requests, results)),
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(source) => {
+            return Err(ReportError::Read {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
     };
     for e in rd.flatten() {
         let name = e.file_name();
@@ -500,9 +542,18 @@ mod tests {
 
     #[tonic::async_trait]
     impl ClaimStatusWriter for Recording {
-        async fn apply(&self, namespace: &str, name: &str, body: &Value) -> Result<(), String> {
+        async fn apply(
+            &self,
+            namespace: &str,
+            name: &str,
+            body: &Value,
+        ) -> Result<(), ReportError> {
             if *self.fail.lock().unwrap() {
-                return Err("API down".into());
+                return Err(ReportError::Apply {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    source: "API down".into(),
+                });
             }
             self.applied
                 .lock()
@@ -527,7 +578,8 @@ mod tests {
         assert!(w.applied.lock().unwrap().is_empty());
         std::fs::write(dir.path().join("u-1.json"), "{}").unwrap();
         *w.fail.lock().unwrap() = true;
-        assert_eq!(rep.sync().await, ["API down"]);
+        let e: Vec<String> = rep.sync().await.iter().map(|e| e.to_string()).collect();
+        assert_eq!(e, ["ResourceClaim ns/c: status apply: API down"]);
         *w.fail.lock().unwrap() = false;
         assert!(rep.sync().await.is_empty());
         assert!(rep.sync().await.is_empty());
@@ -537,6 +589,7 @@ mod tests {
         // A broken result file is an error naming it.
         std::fs::write(dir.path().join("u-1.result.json"), "{").unwrap();
         let e = rep.sync().await;
-        assert!(e[0].contains("u-1.result.json"), "{e:?}");
+        assert!(matches!(&e[..], [ReportError::Parse { .. }]), "{e:?}");
+        assert!(e[0].to_string().contains("u-1.result.json"), "{e:?}");
     }
 }

@@ -80,7 +80,8 @@ async fn an_api_error_names_the_claim() {
     let e = KubeClaimStatus::new(client)
         .apply("team-a", "rdma", &status_apply_body(&result()))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("team-a/rdma") && e.contains("uid mismatch"),
         "{e}"
