@@ -268,6 +268,20 @@ fn validate_selector(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
             ));
         }
     }
+    validate_pf_names(spec, errors);
+    for (i, r) in sel.root_devices.iter().enumerate() {
+        if let Err(e) = r.parse::<PciAddress>() {
+            errors.push(err(
+                format!("spec.nicSelector.rootDevices[{i}]"),
+                e.to_string(),
+            ));
+        }
+    }
+}
+
+/// `pfNames` entries: count, length, syntax, and VF ranges within `numVfs`.
+fn validate_pf_names(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
+    let sel = &spec.nic_selector;
     if sel.pf_names.len() > MAX_PF_NAMES {
         errors.push(err(
             "spec.nicSelector.pfNames",
@@ -296,14 +310,6 @@ fn validate_selector(spec: &RdmaNetworkSpec, errors: &mut Vec<FieldError>) {
                 }
             }
             Err(e) => errors.push(err(format!("spec.nicSelector.pfNames[{i}]"), e.to_string())),
-        }
-    }
-    for (i, r) in sel.root_devices.iter().enumerate() {
-        if let Err(e) = r.parse::<PciAddress>() {
-            errors.push(err(
-                format!("spec.nicSelector.rootDevices[{i}]"),
-                e.to_string(),
-            ));
         }
     }
 }
