@@ -496,7 +496,11 @@ const PF_SIDE_KEYS: [&str; 8] = [
     "max_tx_rate",
 ];
 
-/// A soft RDMA device has no PF: PF-side VF attributes cannot apply.
+/// A soft RDMA device has no PF: PF-side VF attributes cannot apply. The
+/// "no PF" refusal a request meets: a soft RDMA device is the only device
+/// without a PF (a PCI `deviceID` must resolve to a VF), so it is made here,
+/// before anything is read. `plan::plan_add` keeps the rule for callers past
+/// the parser; ADD's steps take it as given.
 fn refuse_pf_side_attrs_without_pf(
     top: &Fields<'_>,
     device: &DeviceRef,

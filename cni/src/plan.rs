@@ -52,7 +52,14 @@ pub enum Step {
 
 impl AddPlan {
     pub fn steps(&self) -> Vec<Step> {
-        let mut s: Vec<Step> = (0..self.vf_settings.len()).map(Step::VfSetting).collect();
+        // PF-side settings only through a PF (`plan_add` refuses them
+        // for a device without one).
+        let pf_side = if self.vf.vf().is_some() {
+            self.vf_settings.len()
+        } else {
+            0
+        };
+        let mut s: Vec<Step> = (0..pf_side).map(Step::VfSetting).collect();
         s.push(Step::DropAltnames);
         s.push(Step::MoveToPod);
         if self.mac.is_some() {
@@ -193,6 +200,23 @@ pub fn complete_rates(
             other => Ok(*other),
         })
         .collect()
+}
+
+/// Plans ADD for the device as read under its lock: [`plan_add`] with the
+/// rate pair completed from `current`, the VF's PF-side state before any
+/// change (`None` when not read: no PF-side setting asked for).
+pub fn plan_add_on(
+    conf: &NetConf,
+    pod_ifname: &str,
+    vf: &Target,
+    rdma_mode: Option<Result<RdmaNetnsMode, String>>,
+    current: Option<&VfState>,
+) -> Result<(AddPlan, Vec<String>), CniError> {
+    let (mut plan, warnings) = plan_add(conf, pod_ifname, vf, rdma_mode)?;
+    if let Some(cur) = current {
+        plan.vf_settings = complete_rates(&plan.vf_settings, conf, cur)?;
+    }
+    Ok((plan, warnings))
 }
 
 /// Plans ADD. `rdma_mode` is what reading the host's RDMA netns mode gave

@@ -200,18 +200,36 @@ impl Claim {
     }
 }
 
-/// A held per-VF lock.
+/// A held per-device lock. Dropped, it removes its lock file unless a
+/// claim on the device is left: a held device keeps its lock file, a free
+/// one leaves none behind, whichever way the call ended.
 #[derive(Debug)]
 pub struct VfLock {
-    _flock: Flock<std::fs::File>,
+    flock: Flock<std::fs::File>,
     path: PathBuf,
+    /// The device's claim file.
+    claim: PathBuf,
 }
 
 impl VfLock {
     /// Removes the lock file (while still holding it: later lockers notice
     /// the inode changed and retry on a fresh file).
-    pub fn remove_file(&self) {
+    fn remove_file(&self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for VfLock {
+    /// Runs before the flock is released. Only the file this lock holds is
+    /// removed: once it is gone, the path may name the next holder's.
+    fn drop(&mut self) {
+        let held = self.flock.metadata().map(|m| m.ino()).ok();
+        let named = std::fs::metadata(&self.path).map(|m| m.ino()).ok();
+        let no_claim = matches!(std::fs::metadata(&self.claim),
+            Err(e) if e.kind() == io::ErrorKind::NotFound);
+        if held.is_some() && held == named && no_claim {
+            self.remove_file();
+        }
     }
 }
 
@@ -281,7 +299,11 @@ impl StateDir {
                     let held = lock.metadata().map(|m| m.ino()).ok();
                     let now = std::fs::metadata(&path).map(|m| m.ino()).ok();
                     if held.is_some() && held == now {
-                        return Ok(VfLock { _flock: lock, path });
+                        return Ok(VfLock {
+                            flock: lock,
+                            path,
+                            claim: self.claim_path(pci),
+                        });
                     }
                 }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => {}
@@ -389,6 +411,32 @@ mod tests {
         drop(a);
         let b = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
         drop(b);
+    }
+
+    /// The lock file goes with the lock when no claim is left, stays when
+    /// one is, and a newer holder's file is never removed.
+    #[test]
+    fn dropped_lock_removes_its_file_unless_a_claim_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateDir::new(dir.path());
+        let pci = DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
+        let lock_file = s.lock_path(&pci);
+        drop(s.lock_vf(&pci, Duration::from_millis(10)).unwrap());
+        assert!(!lock_file.exists(), "no claim: the lock file goes");
+
+        let claim = s.claim_path(&pci);
+        write_atomic(&claim, b"{}").unwrap();
+        drop(s.lock_vf(&pci, Duration::from_millis(10)).unwrap());
+        assert!(lock_file.exists(), "a claim stays: so does the lock file");
+        std::fs::remove_file(&claim).unwrap();
+
+        let a = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
+        a.remove_file();
+        let b = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
+        drop(a);
+        assert!(lock_file.exists(), "the next holder's file stays");
+        drop(b);
+        assert!(!lock_file.exists());
     }
 
     #[test]

@@ -24,16 +24,15 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
 
     let mut released = false;
     if let Some(pci) = pci {
-        let lock = node
+        // Held to the end of this block; its file goes with it when the
+        // claim did (`VfLock`).
+        let _lock = node
             .state
             .lock_vf(&pci, node.lock_timeout)
             .map_err(|e| CniError::new(code::TRY_AGAIN, e.to_string()))?;
         match node.state.read_claim(&pci) {
             Ok(Some(c)) if c.owned_by(cid, ifname) => {
                 let left = release_claim(&c, node, b, log, req.release_ipam());
-                if left.is_empty() {
-                    lock.remove_file();
-                }
                 errors.extend(left);
                 released = true;
             }

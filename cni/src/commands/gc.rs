@@ -37,7 +37,8 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
         if c.network != req.conf.name || is_valid(&c.container_id, &c.ifname) {
             continue;
         }
-        let lock = match node.state.lock_vf(&c.vf.key(), node.lock_timeout) {
+        // Held to the end of this iteration (see `VfLock` for its file).
+        let _lock = match node.state.lock_vf(&c.vf.key(), node.lock_timeout) {
             Ok(l) => l,
             Err(e) => {
                 errors.push(e.to_string());
@@ -52,9 +53,6 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
                     cur.vf, cur.container_id, cur.ifname
                 ));
                 let left = release_claim(&cur, node, b, log, req.release_ipam());
-                if left.is_empty() {
-                    lock.remove_file();
-                }
                 errors.extend(left);
             }
             Ok(_) => {}
