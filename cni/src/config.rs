@@ -18,10 +18,10 @@
 
 use crate::addr::Mac;
 use crate::log::LogLevel;
-use crate::memlock::Memlock;
 use crate::protocol::{CniArgs, CniError, CniResult, CniVersion, Dns, code};
+use crate::vf::rdma_name_ok;
 use crate::vf_attrs::{LinkState, VlanProto};
-use kroce_contracts::link_limits;
+use kroce_contracts::{Memlock, link_limits};
 use serde_json::{Map, Value};
 use sriov_helpers::PciAddress;
 use std::path::PathBuf;
@@ -158,16 +158,6 @@ impl std::fmt::Display for DeviceId {
             DeviceId::Soft(n) => f.write_str(n),
         }
     }
-}
-
-/// An RDMA device name as the kernel allows it (IB_DEVICE_NAME_MAX 64)
-/// and safe as a file name: no `/`, not `.` or `..`.
-pub fn rdma_name_ok(s: &str) -> bool {
-    (1..=63).contains(&s.len())
-        && s != "."
-        && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 fn network_name_ok(s: &str) -> bool {

@@ -34,7 +34,7 @@ pub struct VfTarget {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceKey {
     Pci(PciAddress),
-    /// A soft RDMA device's name (validated by `config::rdma_name_ok`).
+    /// A soft RDMA device's name (one [`rdma_name_ok`] takes).
     Soft(String),
 }
 
@@ -60,10 +60,20 @@ impl DeviceKey {
     pub fn from_stem(s: &str) -> Option<Self> {
         match s.parse::<PciAddress>() {
             Ok(a) => Some(DeviceKey::Pci(a)),
-            Err(_) if crate::config::rdma_name_ok(s) => Some(DeviceKey::Soft(s.to_string())),
+            Err(_) if rdma_name_ok(s) => Some(DeviceKey::Soft(s.to_string())),
             Err(_) => None,
         }
     }
+}
+
+/// An RDMA device name as the kernel allows it (IB_DEVICE_NAME_MAX 64)
+/// and safe as a file name: no `/`, not `.` or `..`.
+pub fn rdma_name_ok(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// A soft RDMA device: no PF, so no PF-side VF attributes; its parent
