@@ -566,7 +566,7 @@ fn rollback(
     if left.is_empty() {
         return e;
     }
-    let d = format!("rollback incomplete: {}", left.join("; "));
+    let d = format!("rollback incomplete: {left}");
     CniError {
         details: Some(match e.details {
             Some(old) => format!("{old}; {d}"),
@@ -717,7 +717,7 @@ fn take_over_stale_claim(
                 old.container_id
             ),
         )
-        .with_details(left.join("; ")))
+        .with_details(left.to_string()))
     }
 }
 
