@@ -42,7 +42,7 @@ pub enum StateError {
     #[error("device {key} is locked by another kroce-cni call (waited {waited:?})")]
     LockTimeout { key: DeviceKey, waited: Duration },
     #[error("state dir {path}: {reason}")]
-    Insecure { path: PathBuf, reason: String },
+    Insecure { path: PathBuf, reason: NotPrivate },
     #[error("state file {path} is corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }
@@ -119,23 +119,36 @@ fn replace(tmp: &Path, path: &Path) -> io::Result<()> {
     }
 }
 
+/// Why a state dir is not trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotPrivate {
+    #[error("is not an absolute path")]
+    Relative,
+    #[error("is not a directory")]
+    NotADirectory,
+    #[error("is owned by uid {owner}, not {uid} (root): refusing to trust claims in it")]
+    Owner { owner: u32, uid: u32 },
+    #[error(
+        "is group/world writable (mode {mode:04o}): refusing to trust claims in it; chmod 0700 it"
+    )]
+    Writable { mode: u32 },
+}
+
 /// Why a state dir with `meta` is not private to `uid` (root in
 /// production), if it is not.
-pub fn check_private(meta: &std::fs::Metadata, uid: u32) -> Result<(), String> {
+pub fn check_private(meta: &std::fs::Metadata, uid: u32) -> Result<(), NotPrivate> {
     if !meta.is_dir() {
-        return Err("is not a directory".into());
+        return Err(NotPrivate::NotADirectory);
     }
     if meta.uid() != uid {
-        return Err(format!(
-            "is owned by uid {}, not {uid} (root): refusing to trust claims in it",
-            meta.uid()
-        ));
+        return Err(NotPrivate::Owner {
+            owner: meta.uid(),
+            uid,
+        });
     }
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
-        return Err(format!(
-            "is group/world writable (mode {mode:04o}): refusing to trust claims in it; chmod 0700 it"
-        ));
+        return Err(NotPrivate::Writable { mode });
     }
     Ok(())
 }
@@ -252,12 +265,12 @@ impl StateDir {
     /// group or world writable. Claims in a directory anyone else can
     /// write would let them choose what a release restores.
     pub fn ensure_private(&self) -> Result<(), StateError> {
-        let insecure = |reason: String| StateError::Insecure {
+        let insecure = |reason: NotPrivate| StateError::Insecure {
             path: self.root.clone(),
             reason,
         };
         if !self.root.is_absolute() {
-            return Err(insecure("is not an absolute path".into()));
+            return Err(insecure(NotPrivate::Relative));
         }
         let meta = match std::fs::metadata(&self.root) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -489,7 +502,9 @@ mod tests {
         std::fs::set_permissions(s.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
         s.ensure_private().unwrap();
         let meta = std::fs::metadata(s.root()).unwrap();
-        let e = check_private(&meta, me.wrapping_add(1)).unwrap_err();
+        let e = check_private(&meta, me.wrapping_add(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("owned by uid"), "{e}");
         let e = StateDir::new("rel/dir").ensure_private().unwrap_err();
         assert!(e.to_string().contains("absolute"), "{e}");
