@@ -38,8 +38,8 @@ pub fn add(
     log: &Logger,
 ) -> Result<CniResult, CniError> {
     let mut checked = validate(req, node, b, log)?;
-    // Declared before the stages' state, dropped after it: every return
-    // below leaves the lock file only when a claim stays.
+    // Held to the end: whichever way this returns, the lock file stays
+    // only with a claim (`VfLock`'s Drop), so no return below cleans up.
     let lock = node
         .state
         .lock_vf(&checked.key, node.lock_timeout)
