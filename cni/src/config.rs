@@ -18,10 +18,10 @@
 
 use crate::addr::Mac;
 use crate::log::LogLevel;
-use crate::memlock::Memlock;
 use crate::protocol::{CniArgs, CniError, CniResult, CniVersion, Dns, code};
+use crate::vf::rdma_name_ok;
 use crate::vf_attrs::{LinkState, VlanProto};
-use kroce_contracts::link_limits;
+use kroce_contracts::{Memlock, link_limits};
 use serde_json::{Map, Value};
 use sriov_helpers::PciAddress;
 use std::path::PathBuf;
@@ -160,24 +160,16 @@ impl std::fmt::Display for DeviceId {
     }
 }
 
-/// An RDMA device name as the kernel allows it (IB_DEVICE_NAME_MAX 64)
-/// and safe as a file name: no `/`, not `.` or `..`.
-pub fn rdma_name_ok(s: &str) -> bool {
-    (1..=63).contains(&s.len())
-        && s != "."
-        && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
-
 fn network_name_ok(s: &str) -> bool {
     let mut c = s.chars();
     matches!(c.next(), Some(f) if f.is_ascii_alphanumeric())
         && c.all(|x| x.is_ascii_alphanumeric() || matches!(x, '_' | '.' | '-'))
 }
 
+/// One JSON object's keys, named in errors with `prefix` (`runtimeConfig.`).
 struct Fields<'a> {
-    obj: &'a Map<String, Value>,
+    /// `None`: the object is absent, so every key is.
+    obj: Option<&'a Map<String, Value>>,
     prefix: &'a str,
 }
 
@@ -188,7 +180,28 @@ impl<'a> Fields<'a> {
 
     /// The value, `null` counted as absent.
     fn get(&self, key: &str) -> Option<&'a Value> {
-        self.obj.get(key).filter(|v| !v.is_null())
+        self.raw(key).filter(|v| !v.is_null())
+    }
+
+    /// The value as given, `null` included.
+    fn raw(&self, key: &str) -> Option<&'a Value> {
+        self.obj.and_then(|o| o.get(key))
+    }
+
+    /// A string naming one of a fixed set, read by `parse`; else refused
+    /// with `expected`.
+    fn one_of<T>(
+        &self,
+        key: &str,
+        parse: impl Fn(&str) -> Option<T>,
+        expected: &str,
+    ) -> Result<Option<T>, ConfigError> {
+        match self.string(key)? {
+            None => Ok(None),
+            Some(s) => parse(s)
+                .map(Some)
+                .ok_or_else(|| invalid(&self.name(key), &Value::String(s.into()), expected)),
+        }
     }
 
     fn string(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
@@ -312,26 +325,87 @@ fn refuse_host_keys(obj: &Map<String, Value>) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Parses and validates a network configuration.
+/// Parses and validates a network configuration: one function per section,
+/// read in this order; the first refusal is the answer.
 pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
     let raw: Value =
         serde_json::from_slice(bytes).map_err(|e| ConfigError::Decode(e.to_string()))?;
     let obj = raw
         .as_object()
         .ok_or_else(|| ConfigError::Decode("the configuration is not a JSON object".into()))?;
-    let top = Fields { obj, prefix: "" };
+    // Before anything else: an old config naming a host path fails on that.
     refuse_host_keys(obj)?;
+    let top = Fields {
+        obj: Some(obj),
+        prefix: "",
+    };
+    let cni_version = parse_version(&top)?;
+    let (name, plugin_type) = parse_identity(&top)?;
+    let rc = runtime_config(&top)?;
+    let device = parse_device(&top, &rc)?;
+    refuse_pf_side_attrs_without_pf(&top, &device)?;
+    let vf = parse_vf_attrs(&top)?;
+    let mac = parse_mac(&top, &rc, args)?;
+    let mtu = top
+        .uint(
+            "mtu",
+            link_limits::MTU_MIN.into(),
+            link_limits::MTU_MAX.into(),
+        )?
+        .map(|v| v as u32);
+    let rdma = parse_rdma(&top)?;
+    let memlock = parse_memlock(&top)?;
+    let ipam = parse_ipam(&top)?;
+    let dns = match top.get("dns") {
+        None => Dns::default(),
+        Some(v) => Dns::parse(v, "dns").map_err(|e| invalid("dns", v, e))?,
+    };
+    let log_level = top
+        .one_of(
+            "logLevel",
+            LogLevel::parse,
+            "must be error, warning, info or debug",
+        )?
+        .unwrap_or(LogLevel::Info);
+    let prev_result = match top.get("prevResult") {
+        None => None,
+        Some(v) => Some(CniResult::parse(v).map_err(|e| invalid("prevResult", &Value::Null, e))?),
+    };
+    let valid_attachments = parse_valid_attachments(obj)?;
+    Ok(NetConf {
+        cni_version,
+        name,
+        plugin_type,
+        device,
+        vf,
+        mac,
+        mtu,
+        rdma,
+        memlock,
+        ipam,
+        dns,
+        log_level,
+        prev_result,
+        valid_attachments,
+        raw,
+    })
+}
 
+/// `cniVersion`: any problem with it is a version error (code 1).
+fn parse_version(top: &Fields<'_>) -> Result<CniVersion, ConfigError> {
     let version_s = top
         .string("cniVersion")
         .map_err(|e| ConfigError::Version(e.to_string()))?
         .ok_or_else(|| ConfigError::Version("cniVersion is missing".into()))?;
-    let cni_version = CniVersion::parse(version_s).ok_or_else(|| {
+    CniVersion::parse(version_s).ok_or_else(|| {
         ConfigError::Version(format!(
             "cniVersion {version_s:?} is not supported (supported: 0.4.0, 1.0.0, 1.1.0)"
         ))
-    })?;
+    })
+}
 
+/// `name` and `type`.
+fn parse_identity(top: &Fields<'_>) -> Result<(String, String), ConfigError> {
     let name = top
         .string("name")?
         .ok_or_else(|| invalid("name", &Value::Null, "is required"))?;
@@ -348,26 +422,31 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         .ok_or_else(|| {
             invalid(
                 "type",
-                obj.get("type").unwrap_or(&Value::Null),
+                top.raw("type").unwrap_or(&Value::Null),
                 "is required",
             )
         })?;
+    Ok((name.to_string(), plugin_type.to_string()))
+}
 
-    let empty = Map::new();
-    let rc_obj = match top.get("runtimeConfig") {
-        None => &empty,
-        Some(Value::Object(m)) => m,
+/// `runtimeConfig`: absent means no fields.
+fn runtime_config<'a>(top: &Fields<'a>) -> Result<Fields<'a>, ConfigError> {
+    let obj = match top.get("runtimeConfig") {
+        None => None,
+        Some(Value::Object(m)) => Some(m),
         Some(v) => return Err(invalid("runtimeConfig", v, "must be an object")),
     };
-    let rc = Fields {
-        obj: rc_obj,
+    Ok(Fields {
+        obj,
         prefix: "runtimeConfig.",
-    };
+    })
+}
 
-    // Device: every explicit source must agree; the device-info file is
-    // the fallback.
+/// The device: every explicit source (`runtimeConfig.deviceID`, `deviceID`,
+/// `pciBusID`) must agree; the device-info file is the fallback.
+fn parse_device(top: &Fields<'_>, rc: &Fields<'_>) -> Result<DeviceRef, ConfigError> {
     let mut explicit: Vec<(String, DeviceId)> = Vec::new();
-    for (fields, key) in [(&rc, "deviceID"), (&top, "deviceID")] {
+    for (fields, key) in [(rc, "deviceID"), (top, "deviceID")] {
         if let Some(d) = fields.device_id(key)? {
             explicit.push((fields.name(key), d));
         }
@@ -385,52 +464,85 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
             format!("disagrees with {f0} {a0}"),
         ));
     }
-    let device = match explicit.into_iter().next() {
+    Ok(match explicit.into_iter().next() {
         Some((field, DeviceId::Pci(addr))) => DeviceRef::Pci { addr, field },
         Some((field, DeviceId::Soft(name))) => DeviceRef::Soft { name, field },
         None => match rc.abs_path("CNIDeviceInfoFile")? {
             Some(p) => DeviceRef::InfoFile(p),
             None => DeviceRef::Missing,
         },
-    };
-    // A soft device has no PF: PF-side VF attributes cannot apply.
-    if let DeviceRef::Soft { name, .. } = &device {
-        for key in [
-            "vlan",
-            "vlanQoS",
-            "vlanProto",
-            "spoofchk",
-            "trust",
-            "link_state",
-            "min_tx_rate",
-            "max_tx_rate",
-        ] {
-            if let Some(v) = top.get(key) {
-                return Err(invalid(
-                    key,
-                    v,
-                    format!(
-                        "is a PF-side VF attribute; deviceID {name} is a soft RDMA device (no PF)"
-                    ),
-                ));
-            }
-        }
-    }
+    })
+}
 
+/// The keys of PF-side VF attributes (set through the PF's netdev).
+const PF_SIDE_KEYS: [&str; 8] = [
+    "vlan",
+    "vlanQoS",
+    "vlanProto",
+    "spoofchk",
+    "trust",
+    "link_state",
+    "min_tx_rate",
+    "max_tx_rate",
+];
+
+/// A soft RDMA device has no PF: PF-side VF attributes cannot apply. The
+/// "no PF" refusal a request meets: a soft RDMA device is the only device
+/// without a PF (a PCI `deviceID` must resolve to a VF), so it is made here,
+/// before anything is read. `plan::plan_add` keeps the rule for callers past
+/// the parser; ADD's steps take it as given.
+fn refuse_pf_side_attrs_without_pf(
+    top: &Fields<'_>,
+    device: &DeviceRef,
+) -> Result<(), ConfigError> {
+    let DeviceRef::Soft { name, .. } = device else {
+        return Ok(());
+    };
+    match PF_SIDE_KEYS.iter().find_map(|k| Some((*k, top.get(k)?))) {
+        Some((key, v)) => Err(invalid(
+            key,
+            v,
+            format!("is a PF-side VF attribute; deviceID {name} is a soft RDMA device (no PF)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `vlan`, `vlanQoS`, `vlanProto`, `spoofchk`, `trust`, `link_state`,
+/// `min_tx_rate`, `max_tx_rate`.
+fn parse_vf_attrs(top: &Fields<'_>) -> Result<VfAttrs, ConfigError> {
+    let (vlan, vlan_qos, vlan_proto) = parse_vlan(top)?;
+    let link_state = top.one_of(
+        "link_state",
+        LinkState::parse,
+        "must be \"auto\", \"enable\" or \"disable\"",
+    )?;
+    let (min_tx_rate, max_tx_rate) = parse_rates(top)?;
+    Ok(VfAttrs {
+        vlan,
+        vlan_qos,
+        vlan_proto,
+        spoofchk: top.on_off("spoofchk")?,
+        trust: top.on_off("trust")?,
+        link_state,
+        min_tx_rate,
+        max_tx_rate,
+    })
+}
+
+type Vlan = (Option<u16>, Option<u8>, Option<VlanProto>);
+
+/// `vlan`, `vlanQoS`, `vlanProto` and the rules between them.
+fn parse_vlan(top: &Fields<'_>) -> Result<Vlan, ConfigError> {
     let vlan = top
         .uint("vlan", 0, link_limits::VLAN_MAX.into())?
         .map(|v| v as u16);
     let vlan_qos = top.uint("vlanQoS", 0, 7)?.map(|v| v as u8);
-    let vlan_proto = match top.string("vlanProto")? {
-        None => None,
-        Some(s) => Some(VlanProto::parse(s).ok_or_else(|| {
-            invalid(
-                "vlanProto",
-                &Value::String(s.into()),
-                "must be \"802.1Q\" or \"802.1ad\"",
-            )
-        })?),
-    };
+    let vlan_proto = top.one_of(
+        "vlanProto",
+        VlanProto::parse,
+        "must be \"802.1Q\" or \"802.1ad\"",
+    )?;
     if let Some(q) = vlan_qos
         && q != 0
         && vlan.unwrap_or(0) == 0
@@ -438,31 +550,19 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         return Err(invalid("vlanQoS", &Value::from(q), "needs a non-zero vlan"));
     }
     if let Some(p) = vlan_proto {
+        let refuse = |reason| invalid("vlanProto", &Value::String(p.to_string()), reason);
         if vlan.is_none() {
-            return Err(invalid(
-                "vlanProto",
-                &Value::String(p.to_string()),
-                "needs vlan",
-            ));
+            return Err(refuse("needs vlan"));
         }
         if p == VlanProto::Dot1Ad && vlan == Some(0) {
-            return Err(invalid(
-                "vlanProto",
-                &Value::String(p.to_string()),
-                "802.1ad needs a non-zero vlan",
-            ));
+            return Err(refuse("802.1ad needs a non-zero vlan"));
         }
     }
-    let link_state = match top.string("link_state")? {
-        None => None,
-        Some(s) => Some(LinkState::parse(s).ok_or_else(|| {
-            invalid(
-                "link_state",
-                &Value::String(s.into()),
-                "must be \"auto\", \"enable\" or \"disable\"",
-            )
-        })?),
-    };
+    Ok((vlan, vlan_qos, vlan_proto))
+}
+
+/// `min_tx_rate`, `max_tx_rate` (max 0 is "no limit").
+fn parse_rates(top: &Fields<'_>) -> Result<(Option<u32>, Option<u32>), ConfigError> {
     let min_tx_rate = top
         .uint("min_tx_rate", 0, u64::from(u32::MAX))?
         .map(|v| v as u32);
@@ -479,17 +579,16 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
             format!("is above max_tx_rate {max}"),
         ));
     }
-    let vf = VfAttrs {
-        vlan,
-        vlan_qos,
-        vlan_proto,
-        spoofchk: top.on_off("spoofchk")?,
-        trust: top.on_off("trust")?,
-        link_state,
-        min_tx_rate,
-        max_tx_rate,
-    };
+    Ok((min_tx_rate, max_tx_rate))
+}
 
+/// The MAC: `runtimeConfig.mac` > `CNI_ARGS MAC` > `mac`; each given one
+/// must be a unicast address, even when another overrides it.
+fn parse_mac(
+    top: &Fields<'_>,
+    rc: &Fields<'_>,
+    args: &CniArgs,
+) -> Result<Option<Mac>, ConfigError> {
     let mac_args = match args.get("MAC") {
         None => None,
         Some(s) => Some(
@@ -497,130 +596,95 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
                 .map_err(|e| invalid("CNI_ARGS MAC", &Value::String(s.into()), e))?,
         ),
     };
-    let mac = rc.mac("mac")?.or(mac_args).or(top.mac("mac")?);
-    // Check the config's own mac even when overridden: a bad value is a bad config.
-    top.mac("mac")?;
+    let mac = rc.mac("mac")?.or(mac_args);
+    let own = top.mac("mac")?;
+    Ok(mac.or(own))
+}
 
-    let mtu = top
-        .uint(
-            "mtu",
-            link_limits::MTU_MIN.into(),
-            link_limits::MTU_MAX.into(),
-        )?
-        .map(|v| v as u32);
+/// `rdma`: true, false or "auto" (the default).
+fn parse_rdma(top: &Fields<'_>) -> Result<RdmaPolicy, ConfigError> {
+    match top.get("rdma") {
+        None => Ok(RdmaPolicy::Auto),
+        Some(Value::Bool(true)) => Ok(RdmaPolicy::Always),
+        Some(Value::Bool(false)) => Ok(RdmaPolicy::Never),
+        Some(Value::String(s)) if s == "auto" => Ok(RdmaPolicy::Auto),
+        Some(v) => Err(invalid("rdma", v, "must be \"auto\", true or false")),
+    }
+}
 
-    let rdma = match top.get("rdma") {
-        None => RdmaPolicy::Auto,
-        Some(Value::Bool(true)) => RdmaPolicy::Always,
-        Some(Value::Bool(false)) => RdmaPolicy::Never,
-        Some(Value::String(s)) if s == "auto" => RdmaPolicy::Auto,
-        Some(v) => return Err(invalid("rdma", v, "must be \"auto\", true or false")),
-    };
+/// `memlock`, in the one grammar of [`kroce_contracts::Memlock`].
+fn parse_memlock(top: &Fields<'_>) -> Result<Option<Memlock>, ConfigError> {
+    match top.get("memlock") {
+        None => Ok(None),
+        Some(v) => Memlock::from_json(v)
+            .map(Some)
+            .map_err(|e| invalid("memlock", v, e.to_string())),
+    }
+}
 
-    let memlock = match top.get("memlock") {
-        None => None,
-        Some(v) => Some(Memlock::from_json(v).map_err(|e| invalid("memlock", v, e.to_string()))?),
-    };
-
-    let ipam = match top.get("ipam") {
-        None => None,
-        Some(Value::Object(m)) => {
-            let f = Fields {
-                obj: m,
-                prefix: "ipam.",
-            };
-            match f.string("type")? {
-                None | Some("") => None,
-                Some(t) => {
-                    if t.contains('/') || t == "." || t == ".." || t.contains('\0') {
-                        return Err(invalid(
-                            "ipam.type",
-                            &Value::String(t.into()),
-                            "must be a plugin file name, not a path",
-                        ));
-                    }
-                    Some(IpamConf {
-                        plugin: t.to_string(),
-                    })
-                }
-            }
-        }
+/// `ipam`: an object whose `type` is a bare plugin file name (looked up on
+/// `CNI_PATH`, never a path); no or an empty `type` means no IPAM.
+fn parse_ipam(top: &Fields<'_>) -> Result<Option<IpamConf>, ConfigError> {
+    let m = match top.get("ipam") {
+        None => return Ok(None),
+        Some(Value::Object(m)) => m,
         Some(v) => return Err(invalid("ipam", v, "must be an object")),
     };
-
-    let dns = match top.get("dns") {
-        None => Dns::default(),
-        Some(v) => Dns::parse(v, "dns").map_err(|e| invalid("dns", v, e))?,
+    let f = Fields {
+        obj: Some(m),
+        prefix: "ipam.",
     };
+    match f.string("type")? {
+        None | Some("") => Ok(None),
+        Some(t) if t.contains('/') || t == "." || t == ".." || t.contains('\0') => Err(invalid(
+            "ipam.type",
+            &Value::String(t.into()),
+            "must be a plugin file name, not a path",
+        )),
+        Some(t) => Ok(Some(IpamConf {
+            plugin: t.to_string(),
+        })),
+    }
+}
 
-    let log_level = match top.string("logLevel")? {
-        None => LogLevel::Info,
-        Some(s) => LogLevel::parse(s).ok_or_else(|| {
-            invalid(
-                "logLevel",
-                &Value::String(s.into()),
-                "must be error, warning, info or debug",
-            )
-        })?,
+/// `cni.dev/valid-attachments` (or the older `cni.dev/attachments`).
+/// Not through `Fields::get`: here a present `null` differs from an absent
+/// key. libcni >= 1.2 sends `null` when no attachment is valid, which means
+/// "none valid", an empty list; only an absent key is refused by GC.
+fn parse_valid_attachments(
+    obj: &Map<String, Value>,
+) -> Result<Option<Vec<Attachment>>, ConfigError> {
+    let found = ["cni.dev/valid-attachments", "cni.dev/attachments"]
+        .into_iter()
+        .find_map(|key| Some((key, obj.get(key)?)));
+    match found {
+        None => Ok(None),
+        Some((_, Value::Null)) => Ok(Some(Vec::new())),
+        Some((key, Value::Array(items))) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| parse_attachment(&format!("{key}[{i}]"), item))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some((key, v)) => Err(invalid(key, v, "must be a list")),
+    }
+}
+
+/// One attachment, `{"containerID": .., "ifname": ..}`; `field` names it.
+fn parse_attachment(field: &str, item: &Value) -> Result<Attachment, ConfigError> {
+    let o = item
+        .as_object()
+        .ok_or_else(|| invalid(field, item, "must be an object"))?;
+    let get = |k: &str| {
+        o.get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| invalid(&format!("{field}.{k}"), item, "is required"))
     };
-
-    let prev_result = match top.get("prevResult") {
-        None => None,
-        Some(v) => Some(CniResult::parse(v).map_err(|e| invalid("prevResult", &Value::Null, e))?),
-    };
-
-    // Not through `top.get`: here a present `null` differs from an absent
-    // key. libcni >= 1.2 sends `null` when no attachment is valid, which
-    // means "none valid", an empty list; only an absent key is refused by GC.
-    let valid_attachments = match obj
-        .get("cni.dev/valid-attachments")
-        .map(|v| ("cni.dev/valid-attachments", v))
-        .or_else(|| {
-            obj.get("cni.dev/attachments")
-                .map(|v| ("cni.dev/attachments", v))
-        }) {
-        None => None,
-        Some((_, Value::Null)) => Some(Vec::new()),
-        Some((key, Value::Array(items))) => {
-            let mut out = Vec::new();
-            for (i, item) in items.iter().enumerate() {
-                let field = format!("{key}[{i}]");
-                let o = item
-                    .as_object()
-                    .ok_or_else(|| invalid(&field, item, "must be an object"))?;
-                let get = |k: &str| {
-                    o.get(k)
-                        .and_then(Value::as_str)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .ok_or_else(|| invalid(&format!("{field}.{k}"), item, "is required"))
-                };
-                out.push(Attachment {
-                    container_id: get("containerID")?,
-                    ifname: get("ifname")?,
-                });
-            }
-            Some(out)
-        }
-        Some((key, v)) => return Err(invalid(key, v, "must be a list")),
-    };
-
-    Ok(NetConf {
-        cni_version,
-        name: name.to_string(),
-        plugin_type: plugin_type.to_string(),
-        device,
-        vf,
-        mac,
-        mtu,
-        rdma,
-        memlock,
-        ipam,
-        dns,
-        log_level,
-        prev_result,
-        valid_attachments,
-        raw,
+    Ok(Attachment {
+        container_id: get("containerID")?,
+        ifname: get("ifname")?,
     })
 }
 

@@ -52,7 +52,14 @@ pub enum Step {
 
 impl AddPlan {
     pub fn steps(&self) -> Vec<Step> {
-        let mut s: Vec<Step> = (0..self.vf_settings.len()).map(Step::VfSetting).collect();
+        // PF-side settings only through a PF (`plan_add` refuses them
+        // for a device without one).
+        let pf_side = if self.vf.vf().is_some() {
+            self.vf_settings.len()
+        } else {
+            0
+        };
+        let mut s: Vec<Step> = (0..pf_side).map(Step::VfSetting).collect();
         s.push(Step::DropAltnames);
         s.push(Step::MoveToPod);
         if self.mac.is_some() {
@@ -150,29 +157,49 @@ fn refuse_unsupported_by_pf(settings: &[VfSetting], v: &VfTarget) -> Result<(), 
 pub fn rate_pair(
     given: (Option<u32>, Option<u32>),
     current: (u32, u32),
-) -> Result<(u32, u32), String> {
+) -> Result<(u32, u32), RateConflict> {
     let min = given.0.unwrap_or(current.0);
     let max = given.1.unwrap_or(current.1);
     if max != 0 && max < min {
-        let (field, value, other) = match given {
-            (Some(_), None) => (
-                "min_tx_rate",
-                min,
-                format!("the VF's current max_tx_rate {max}"),
-            ),
-            (None, Some(_)) => (
-                "max_tx_rate",
-                max,
-                format!("the VF's current min_tx_rate {min}"),
-            ),
-            _ => ("min_tx_rate", min, format!("max_tx_rate {max}")),
-        };
-        return Err(format!(
-            "{field} {value} conflicts with {other} (max must be 0 or at least min); give both"
-        ));
+        return Err(RateConflict {
+            min,
+            max,
+            min_given: given.0.is_some(),
+            max_given: given.1.is_some(),
+        });
     }
     Ok((min, max))
 }
+
+/// A rate pair with max below min, naming the configured value and the
+/// one it conflicts with (the VF's current value when not configured).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateConflict {
+    pub min: u32,
+    pub max: u32,
+    pub min_given: bool,
+    pub max_given: bool,
+}
+
+impl std::fmt::Display for RateConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (min, max) = (self.min, self.max);
+        match (self.min_given, self.max_given) {
+            (true, false) => write!(
+                f,
+                "min_tx_rate {min} conflicts with the VF's current max_tx_rate {max}"
+            ),
+            (false, true) => write!(
+                f,
+                "max_tx_rate {max} conflicts with the VF's current min_tx_rate {min}"
+            ),
+            _ => write!(f, "min_tx_rate {min} conflicts with max_tx_rate {max}"),
+        }?;
+        f.write_str(" (max must be 0 or at least min); give both")
+    }
+}
+
+impl std::error::Error for RateConflict {}
 
 /// `settings` with the rate pair completed from the VF's `current` state
 /// (read before any change).
@@ -189,10 +216,27 @@ pub fn complete_rates(
                 (current.min_tx_rate, current.max_tx_rate),
             )
             .map(|(min, max)| VfSetting::Rate { min, max })
-            .map_err(|e| CniError::new(code::INVALID_CONFIG, e)),
+            .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string())),
             other => Ok(*other),
         })
         .collect()
+}
+
+/// Plans ADD for the device as read under its lock: [`plan_add`] with the
+/// rate pair completed from `current`, the VF's PF-side state before any
+/// change (`None` when not read: no PF-side setting asked for).
+pub fn plan_add_on(
+    conf: &NetConf,
+    pod_ifname: &str,
+    vf: &Target,
+    rdma_mode: Option<Result<RdmaNetnsMode, String>>,
+    current: Option<&VfState>,
+) -> Result<(AddPlan, Vec<String>), CniError> {
+    let (mut plan, warnings) = plan_add(conf, pod_ifname, vf, rdma_mode)?;
+    if let Some(cur) = current {
+        plan.vf_settings = complete_rates(&plan.vf_settings, conf, cur)?;
+    }
+    Ok((plan, warnings))
 }
 
 /// Plans ADD. `rdma_mode` is what reading the host's RDMA netns mode gave
@@ -408,15 +452,46 @@ mod tests {
         // max 0 is "no limit": any min goes.
         assert_eq!(rate_pair((Some(300), None), (0, 0)), Ok((300, 0)));
         assert_eq!(rate_pair((None, Some(0)), (700, 900)), Ok((700, 0)));
-        let e = rate_pair((None, Some(50)), (100, 1000)).unwrap_err();
+        let e = rate_pair((None, Some(50)), (100, 1000))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("max_tx_rate 50") && e.contains("current min_tx_rate 100"),
             "{e}"
         );
-        let e = rate_pair((Some(2000), None), (100, 1000)).unwrap_err();
+        let e = rate_pair((Some(2000), None), (100, 1000))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("min_tx_rate 2000") && e.contains("current max_tx_rate 1000"),
             "{e}"
+        );
+    }
+
+    /// The typed conflict reads as the message it replaced.
+    #[test]
+    fn rate_conflict_reads_as_before() {
+        let text = |given, current| rate_pair(given, current).unwrap_err().to_string();
+        let old = |field: &str, value: u32, other: String| {
+            format!(
+                "{field} {value} conflicts with {other} (max must be 0 or at least min); give both"
+            )
+        };
+        assert_eq!(
+            text((Some(9), None), (0, 5)),
+            old("min_tx_rate", 9, "the VF's current max_tx_rate 5".into())
+        );
+        assert_eq!(
+            text((None, Some(5)), (9, 0)),
+            old("max_tx_rate", 5, "the VF's current min_tx_rate 9".into())
+        );
+        assert_eq!(
+            text((Some(9), Some(5)), (0, 0)),
+            old("min_tx_rate", 9, "max_tx_rate 5".into())
+        );
+        assert_eq!(
+            text((None, None), (9, 5)),
+            old("min_tx_rate", 9, "max_tx_rate 5".into())
         );
     }
 

@@ -42,7 +42,7 @@ pub enum StateError {
     #[error("device {key} is locked by another kroce-cni call (waited {waited:?})")]
     LockTimeout { key: DeviceKey, waited: Duration },
     #[error("state dir {path}: {reason}")]
-    Insecure { path: PathBuf, reason: String },
+    Insecure { path: PathBuf, reason: NotPrivate },
     #[error("state file {path} is corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }
@@ -119,23 +119,36 @@ fn replace(tmp: &Path, path: &Path) -> io::Result<()> {
     }
 }
 
+/// Why a state dir is not trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotPrivate {
+    #[error("is not an absolute path")]
+    Relative,
+    #[error("is not a directory")]
+    NotADirectory,
+    #[error("is owned by uid {owner}, not {uid} (root): refusing to trust claims in it")]
+    Owner { owner: u32, uid: u32 },
+    #[error(
+        "is group/world writable (mode {mode:04o}): refusing to trust claims in it; chmod 0700 it"
+    )]
+    Writable { mode: u32 },
+}
+
 /// Why a state dir with `meta` is not private to `uid` (root in
 /// production), if it is not.
-pub fn check_private(meta: &std::fs::Metadata, uid: u32) -> Result<(), String> {
+pub fn check_private(meta: &std::fs::Metadata, uid: u32) -> Result<(), NotPrivate> {
     if !meta.is_dir() {
-        return Err("is not a directory".into());
+        return Err(NotPrivate::NotADirectory);
     }
     if meta.uid() != uid {
-        return Err(format!(
-            "is owned by uid {}, not {uid} (root): refusing to trust claims in it",
-            meta.uid()
-        ));
+        return Err(NotPrivate::Owner {
+            owner: meta.uid(),
+            uid,
+        });
     }
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
-        return Err(format!(
-            "is group/world writable (mode {mode:04o}): refusing to trust claims in it; chmod 0700 it"
-        ));
+        return Err(NotPrivate::Writable { mode });
     }
     Ok(())
 }
@@ -200,18 +213,36 @@ impl Claim {
     }
 }
 
-/// A held per-VF lock.
+/// A held per-device lock. Dropped, it removes its lock file unless a
+/// claim on the device is left: a held device keeps its lock file, a free
+/// one leaves none behind, whichever way the call ended.
 #[derive(Debug)]
 pub struct VfLock {
-    _flock: Flock<std::fs::File>,
+    flock: Flock<std::fs::File>,
     path: PathBuf,
+    /// The device's claim file.
+    claim: PathBuf,
 }
 
 impl VfLock {
     /// Removes the lock file (while still holding it: later lockers notice
     /// the inode changed and retry on a fresh file).
-    pub fn remove_file(&self) {
+    fn remove_file(&self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for VfLock {
+    /// Runs before the flock is released. Only the file this lock holds is
+    /// removed: once it is gone, the path may name the next holder's.
+    fn drop(&mut self) {
+        let held = self.flock.metadata().map(|m| m.ino()).ok();
+        let named = std::fs::metadata(&self.path).map(|m| m.ino()).ok();
+        let no_claim = matches!(std::fs::metadata(&self.claim),
+            Err(e) if e.kind() == io::ErrorKind::NotFound);
+        if held.is_some() && held == named && no_claim {
+            self.remove_file();
+        }
     }
 }
 
@@ -234,12 +265,12 @@ impl StateDir {
     /// group or world writable. Claims in a directory anyone else can
     /// write would let them choose what a release restores.
     pub fn ensure_private(&self) -> Result<(), StateError> {
-        let insecure = |reason: String| StateError::Insecure {
+        let insecure = |reason: NotPrivate| StateError::Insecure {
             path: self.root.clone(),
             reason,
         };
         if !self.root.is_absolute() {
-            return Err(insecure("is not an absolute path".into()));
+            return Err(insecure(NotPrivate::Relative));
         }
         let meta = match std::fs::metadata(&self.root) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -281,7 +312,11 @@ impl StateDir {
                     let held = lock.metadata().map(|m| m.ino()).ok();
                     let now = std::fs::metadata(&path).map(|m| m.ino()).ok();
                     if held.is_some() && held == now {
-                        return Ok(VfLock { _flock: lock, path });
+                        return Ok(VfLock {
+                            flock: lock,
+                            path,
+                            claim: self.claim_path(pci),
+                        });
                     }
                 }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => {}
@@ -391,6 +426,32 @@ mod tests {
         drop(b);
     }
 
+    /// The lock file goes with the lock when no claim is left, stays when
+    /// one is, and a newer holder's file is never removed.
+    #[test]
+    fn dropped_lock_removes_its_file_unless_a_claim_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateDir::new(dir.path());
+        let pci = DeviceKey::Pci("0000:3b:00.2".parse().unwrap());
+        let lock_file = s.lock_path(&pci);
+        drop(s.lock_vf(&pci, Duration::from_millis(10)).unwrap());
+        assert!(!lock_file.exists(), "no claim: the lock file goes");
+
+        let claim = s.claim_path(&pci);
+        write_atomic(&claim, b"{}").unwrap();
+        drop(s.lock_vf(&pci, Duration::from_millis(10)).unwrap());
+        assert!(lock_file.exists(), "a claim stays: so does the lock file");
+        std::fs::remove_file(&claim).unwrap();
+
+        let a = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
+        a.remove_file();
+        let b = s.lock_vf(&pci, Duration::from_millis(10)).unwrap();
+        drop(a);
+        assert!(lock_file.exists(), "the next holder's file stays");
+        drop(b);
+        assert!(!lock_file.exists());
+    }
+
     #[test]
     fn concurrent_lockers_never_overlap() {
         let dir = tempfile::tempdir().unwrap();
@@ -441,7 +502,9 @@ mod tests {
         std::fs::set_permissions(s.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
         s.ensure_private().unwrap();
         let meta = std::fs::metadata(s.root()).unwrap();
-        let e = check_private(&meta, me.wrapping_add(1)).unwrap_err();
+        let e = check_private(&meta, me.wrapping_add(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("owned by uid"), "{e}");
         let e = StateDir::new("rel/dir").ensure_private().unwrap_err();
         assert!(e.to_string().contains("absolute"), "{e}");

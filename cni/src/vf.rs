@@ -4,6 +4,7 @@
 
 use sriov_helpers::pci::read_pci_device;
 use sriov_helpers::{HostError, HostRoot, PciAddress};
+use std::path::PathBuf;
 
 /// A VF and everything ADD/DEL need to know about it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -34,7 +35,7 @@ pub struct VfTarget {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceKey {
     Pci(PciAddress),
-    /// A soft RDMA device's name (validated by `config::rdma_name_ok`).
+    /// A soft RDMA device's name (one [`rdma_name_ok`] takes).
     Soft(String),
 }
 
@@ -60,10 +61,20 @@ impl DeviceKey {
     pub fn from_stem(s: &str) -> Option<Self> {
         match s.parse::<PciAddress>() {
             Ok(a) => Some(DeviceKey::Pci(a)),
-            Err(_) if crate::config::rdma_name_ok(s) => Some(DeviceKey::Soft(s.to_string())),
+            Err(_) if rdma_name_ok(s) => Some(DeviceKey::Soft(s.to_string())),
             Err(_) => None,
         }
     }
+}
+
+/// An RDMA device name as the kernel allows it (IB_DEVICE_NAME_MAX 64)
+/// and safe as a file name: no `/`, not `.` or `..`.
+pub fn rdma_name_ok(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// A soft RDMA device: no PF, so no PF-side VF attributes; its parent
@@ -162,25 +173,84 @@ pub enum VfError {
     },
 }
 
+/// Why a netdev name does not lead to a PCI device in sysfs.
+#[derive(Debug, thiserror::Error)]
+pub enum NetdevPciError {
+    #[error("{name:?} is not a netdev name")]
+    BadName { name: String },
+    #[error("{}: {source} (not a PCI function's netdev)", link.display())]
+    NoDevice {
+        link: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} resolves to {}, not a PCI device", link.display(), dev.display())]
+    NotPci { link: PathBuf, dev: PathBuf },
+}
+
 /// The PCI device sysfs says netdev `name` sits on: where
 /// `class/net/<name>/device` resolves to.
-pub fn netdev_pci(root: &HostRoot, name: &str) -> Result<PciAddress, String> {
+pub fn netdev_pci(root: &HostRoot, name: &str) -> Result<PciAddress, NetdevPciError> {
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(format!("{name:?} is not a netdev name"));
+        return Err(NetdevPciError::BadName { name: name.into() });
     }
     let link = root.class_net().join(name).join("device");
-    let dev = std::fs::canonicalize(&link)
-        .map_err(|e| format!("{}: {e} (not a PCI function's netdev)", link.display()))?;
-    dev.file_name()
+    let dev = match std::fs::canonicalize(&link) {
+        Ok(dev) => dev,
+        Err(source) => return Err(NetdevPciError::NoDevice { link, source }),
+    };
+    match dev
+        .file_name()
         .and_then(|n| n.to_str())
         .and_then(|n| n.parse::<PciAddress>().ok())
-        .ok_or_else(|| {
-            format!(
-                "{} resolves to {}, not a PCI device",
-                link.display(),
-                dev.display()
-            )
-        })
+    {
+        Some(pci) => Ok(pci),
+        None => Err(NetdevPciError::NotPci { link, dev }),
+    }
+}
+
+/// Why host netdev `name` (ifindex `index`) is not a device's.
+#[derive(Debug, thiserror::Error)]
+pub enum NotTheDevice {
+    #[error("netdev {name} (ifindex {index}) belongs to device {parent} (kernel), not VF {vf}")]
+    KernelParent {
+        name: String,
+        index: u32,
+        parent: String,
+        vf: PciAddress,
+    },
+    #[error("netdev {name} (ifindex {index}) belongs to PCI device {pci}, not VF {vf}")]
+    OtherPci {
+        name: String,
+        index: u32,
+        pci: PciAddress,
+        vf: PciAddress,
+    },
+    #[error("netdev {name} (ifindex {index}) is not VF {vf}'s: {source}")]
+    NoPci {
+        name: String,
+        index: u32,
+        vf: PciAddress,
+        #[source]
+        source: NetdevPciError,
+    },
+    #[error(
+        "netdev {name} (ifindex {index}) is not the parent of soft RDMA device {soft} (sysfs: {})",
+        parent.as_deref().unwrap_or("none")
+    )]
+    NotParent {
+        name: String,
+        index: u32,
+        soft: String,
+        parent: Option<String>,
+    },
+    #[error("netdev {name} (ifindex {index}): {source}")]
+    Soft {
+        name: String,
+        index: u32,
+        #[source]
+        source: VfError,
+    },
 }
 
 /// Whether the host link `l` (as netlink reports it in the host netns) is
@@ -193,37 +263,51 @@ pub fn host_link_is(
     root: &HostRoot,
     l: &crate::netlink::route::LinkInfo,
     target: &Target,
-) -> Result<(), String> {
-    let what = format!("netdev {} (ifindex {})", l.name, l.index);
+) -> Result<(), NotTheDevice> {
+    let (name, index) = (l.name.clone(), l.index);
     match target {
         Target::Vf(v) => {
             if let Some(p) = &l.parent_dev
                 && *p != v.pci.to_string()
             {
-                return Err(format!(
-                    "{what} belongs to device {p} (kernel), not VF {}",
-                    v.pci
-                ));
+                return Err(NotTheDevice::KernelParent {
+                    name,
+                    index,
+                    parent: p.clone(),
+                    vf: v.pci,
+                });
             }
             match netdev_pci(root, &l.name) {
                 Ok(pci) if pci == v.pci => Ok(()),
-                Ok(pci) => Err(format!(
-                    "{what} belongs to PCI device {pci}, not VF {}",
-                    v.pci
-                )),
-                Err(e) => Err(format!("{what} is not VF {}'s: {e}", v.pci)),
+                Ok(pci) => Err(NotTheDevice::OtherPci {
+                    name,
+                    index,
+                    pci,
+                    vf: v.pci,
+                }),
+                Err(source) => Err(NotTheDevice::NoPci {
+                    name,
+                    index,
+                    vf: v.pci,
+                    source,
+                }),
             }
         }
         Target::Soft(s) => match resolve_soft(root, &s.soft_rdma) {
             Ok(SoftTarget {
                 netdev: Some(n), ..
             }) if n == l.name => Ok(()),
-            Ok(t) => Err(format!(
-                "{what} is not the parent of soft RDMA device {} (sysfs: {})",
-                s.soft_rdma,
-                t.netdev.as_deref().unwrap_or("none")
-            )),
-            Err(e) => Err(format!("{what}: {e}")),
+            Ok(t) => Err(NotTheDevice::NotParent {
+                name,
+                index,
+                soft: s.soft_rdma.clone(),
+                parent: t.netdev,
+            }),
+            Err(source) => Err(NotTheDevice::Soft {
+                name,
+                index,
+                source,
+            }),
         },
     }
 }
@@ -439,7 +523,9 @@ mod tests {
             ("../ens1f0v2", None),
             ("ens1f0v2", Some("0000:3b:00.3")),
         ] {
-            let e = host_link_is(&root, &link(name, parent), &vf).unwrap_err();
+            let e = host_link_is(&root, &link(name, parent), &vf)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains(name) && e.contains("0000:3b:00.4"),
                 "{name}: {e}"
@@ -447,7 +533,9 @@ mod tests {
         }
         let soft = Target::Soft(resolve_soft(&root, "rxe_t0").unwrap());
         host_link_is(&root, &link("veth_t0", None), &soft).unwrap();
-        let e = host_link_is(&root, &link("ens1f0v2", None), &soft).unwrap_err();
+        let e = host_link_is(&root, &link("ens1f0v2", None), &soft)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("rxe_t0") && e.contains("veth_t0"), "{e}");
         assert_eq!(
             netdev_pci(&root, "ens1f0v2").unwrap().to_string(),

@@ -2,7 +2,7 @@
 //! old pod's late DEL never touches a VF a newer pod holds), always
 //! releases this attachment's IPAM lease and memlock entry.
 
-use super::release::{ipam_release, release_claim};
+use super::release::{Leftovers, ipam_release, release_claim};
 use super::{Backends, Node, Request, device_key};
 use crate::log::Logger;
 use crate::memlock::MemlockDir;
@@ -11,7 +11,7 @@ use crate::protocol::{CniError, code};
 pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Result<(), CniError> {
     let cid = req.env.container_id();
     let ifname = req.env.ifname();
-    let mut errors = Vec::new();
+    let mut errors = Leftovers::default();
 
     // The VF this attachment holds: the config's device when its claim is
     // ours, else a scan (the device-info file may be gone by now).
@@ -24,24 +24,23 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
 
     let mut released = false;
     if let Some(pci) = pci {
-        let lock = node
+        // Held to the end of this block; its file goes with it when the
+        // claim did (`VfLock`).
+        let _lock = node
             .state
             .lock_vf(&pci, node.lock_timeout)
             .map_err(|e| CniError::new(code::TRY_AGAIN, e.to_string()))?;
         match node.state.read_claim(&pci) {
             Ok(Some(c)) if c.owned_by(cid, ifname) => {
                 let left = release_claim(&c, node, b, log, req.release_ipam());
-                if left.is_empty() {
-                    lock.remove_file();
-                }
-                errors.extend(left);
+                errors.append(left);
                 released = true;
             }
             Ok(_) => log.info(&format!(
                 "{} is no longer held by {cid}/{ifname}: not touched",
                 pci.label()
             )),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     } else {
         log.info(&format!("no VF recorded for {cid}/{ifname}"));
@@ -62,7 +61,7 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
             errors.push(e);
         }
         if let Err(e) = MemlockDir::new(node.state.root()).forget(cid, ifname) {
-            errors.push(e.to_string());
+            errors.push(e);
         }
     }
 
@@ -73,6 +72,6 @@ pub fn del(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Re
             code::CLEANUP,
             format!("DEL of {cid}/{ifname} left {} problem(s)", errors.len()),
         )
-        .with_details(errors.join("; ")))
+        .with_details(errors.to_string()))
     }
 }

@@ -2,7 +2,7 @@
 //! `cni.dev/valid-attachments` (VF, IPAM lease, memlock entry, claim and
 //! lock file), then forwards GC to an IPAM delegate that speaks 1.1.0.
 
-use super::release::release_claim;
+use super::release::{Leftovers, release_claim};
 use super::{Backends, Node, Request};
 use crate::config::Attachment;
 use crate::ipam;
@@ -30,17 +30,20 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
             ifname: ifname.to_string(),
         })
     };
-    let mut errors = Vec::new();
+    let mut errors = Leftovers::default();
     let (claims, bad) = node.state.claims();
-    errors.extend(bad.iter().map(ToString::to_string));
+    for e in bad {
+        errors.push(e);
+    }
     for c in claims {
         if c.network != req.conf.name || is_valid(&c.container_id, &c.ifname) {
             continue;
         }
-        let lock = match node.state.lock_vf(&c.vf.key(), node.lock_timeout) {
+        // Held to the end of this iteration (see `VfLock` for its file).
+        let _lock = match node.state.lock_vf(&c.vf.key(), node.lock_timeout) {
             Ok(l) => l,
             Err(e) => {
-                errors.push(e.to_string());
+                errors.push(e);
                 continue;
             }
         };
@@ -52,13 +55,10 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
                     cur.vf, cur.container_id, cur.ifname
                 ));
                 let left = release_claim(&cur, node, b, log, req.release_ipam());
-                if left.is_empty() {
-                    lock.remove_file();
-                }
-                errors.extend(left);
+                errors.append(left);
             }
             Ok(_) => {}
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
     let memlock = MemlockDir::new(node.state.root());
@@ -69,25 +69,25 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
                     && !is_valid(&cid, &ifname)
                     && let Err(e) = memlock.forget(&cid, &ifname)
                 {
-                    errors.push(e.to_string());
+                    errors.push(e);
                 }
             }
         }
-        Err(e) => errors.push(e.to_string()),
+        Err(e) => errors.push(e),
     }
     if let Some(i) = &req.conf.ipam {
         let ireq = req.ipam_request(Command::Gc, &i.plugin);
         match ipam::speaks_1_1(b.ipam, &ireq) {
             Ok(true) => {
                 if let Err(e) = b.ipam.exec(&ireq) {
-                    errors.push(e.to_string());
+                    errors.push(e);
                 }
             }
             Ok(false) => log.info(&format!(
                 "IPAM plugin {} predates GC (CNI 1.1.0); stale leases were released one by one",
                 i.plugin
             )),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
     if errors.is_empty() {
@@ -97,6 +97,6 @@ pub fn gc(req: &Request, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Res
             code::CLEANUP,
             format!("GC left {} problem(s)", errors.len()),
         )
-        .with_details(errors.join("; ")))
+        .with_details(errors.to_string()))
     }
 }

@@ -5,19 +5,88 @@
 
 use super::{Backends, Node};
 use crate::addr::Mac;
-use crate::ipam::{self, IpamRequest};
+use crate::ipam::{self, IpamError, IpamRequest};
 use crate::links::{LinkError, Links};
 use crate::log::Logger;
 use crate::memlock::MemlockDir;
 use crate::netlink::route::LinkInfo;
 use crate::netns::Netns;
 use crate::protocol::{CniArgs, Command};
-use crate::rdma::Moved;
-use crate::state::Claim;
-use crate::vf::Target;
+use crate::rdma::{Moved, RdmaError};
+use crate::state::{Claim, StateError};
+use crate::vf::{Target, VfError};
 use crate::vf_attrs::{VfSetting, VfState};
+use crate::vf_config::VfConfigError;
 use sriov_helpers::HostRoot;
 use std::path::{Path, PathBuf};
+
+/// One thing a release could not undo. State already gone is a note in
+/// the log, never one of these.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error(transparent)]
+    Rdma(#[from] RdmaError),
+    #[error(transparent)]
+    VfConfig(#[from] VfConfigError),
+    /// The claimed VF cannot be read from sysfs now.
+    #[error("PF-side settings not restored: {0}")]
+    PfSide(#[source] VfError),
+    /// A soft RDMA device over the VF's netdev, not made again on the host.
+    #[error(
+        "{target}: {ty} device {dev} not made again over {netdev} (`rdma link add {dev} type {ty} netdev {netdev}` does it by hand): {source}"
+    )]
+    SoftNotRemade {
+        target: Box<Target>,
+        ty: String,
+        dev: String,
+        netdev: String,
+        source: RdmaError,
+    },
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// The memlock request file (its path is in the error).
+    #[error(transparent)]
+    Memlock(#[from] std::io::Error),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// What a release (or a DEL, GC) left undone, in the order met; empty when
+/// it converged. Shown as the CNI error's `details`, `; `-separated.
+#[derive(Debug, Default)]
+pub struct Leftovers(Vec<ReleaseError>);
+
+impl Leftovers {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn push(&mut self, e: impl Into<ReleaseError>) {
+        self.0.push(e.into());
+    }
+
+    pub fn append(&mut self, mut other: Leftovers) {
+        self.0.append(&mut other.0);
+    }
+}
+
+impl std::fmt::Display for Leftovers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
 
 /// The IPAM plugin a release may run: the current config's `ipam.type` (a
 /// bare file name, checked at parse) found on the runtime's `CNI_PATH`.
@@ -52,11 +121,11 @@ pub fn is_our_link(l: &LinkInfo, claim: &Claim, seen: Seen<'_>) -> bool {
     }
 }
 
-fn note_or_error(errors: &mut Vec<String>, log: &Logger, e: &LinkError) {
+fn note_or_error(errors: &mut Leftovers, log: &Logger, e: LinkError) {
     if e.is_gone() {
         log.info(&format!("already gone: {e}"));
     } else {
-        errors.push(e.to_string());
+        errors.push(e);
     }
 }
 
@@ -93,8 +162,8 @@ pub fn find_host_link(
 /// Puts the VF back: RDMA device and netdev into the host netns under the
 /// original name, PF-side attributes, MAC, MTU, altnames and up/down as
 /// they were. Returns the errors that are not "already gone".
-pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Vec<String> {
-    let mut errors = Vec::new();
+pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger) -> Leftovers {
+    let mut errors = Leftovers::default();
     let orig = &claim.original.link;
     let pod_ns = Netns::open(Path::new(&claim.netns))
         .ok()
@@ -114,14 +183,14 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
         match b.rdma.move_device(dev, ns, &node.host_netns) {
             Ok(Moved::Yes) => log.info(&format!("RDMA device {dev} back in the host netns")),
             Ok(Moved::NotFound) => log.info(&format!("RDMA device {dev} not in {}", claim.netns)),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
 
     let mut host = match b.links.open(&node.host_netns) {
         Ok(h) => h,
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e);
             return errors;
         }
     };
@@ -146,7 +215,7 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                     };
                     match r {
                         Ok(()) => moved_back = true,
-                        Err(e) => note_or_error(&mut errors, log, &e),
+                        Err(e) => note_or_error(&mut errors, log, e),
                     }
                 }
                 Ok(Some(l)) => log.warn(&format!(
@@ -154,9 +223,9 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                     claim.ifname, claim.netns, l.index, claim.vf
                 )),
                 Ok(None) => {}
-                Err(e) => note_or_error(&mut errors, log, &e),
+                Err(e) => note_or_error(&mut errors, log, e),
             },
-            Err(e) => note_or_error(&mut errors, log, &e),
+            Err(e) => note_or_error(&mut errors, log, e),
         }
     }
 
@@ -187,7 +256,7 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                         v.vf_index,
                         &VfSetting::Mac { mac: orig_vf.mac },
                     ) {
-                        errors.push(e.to_string());
+                        errors.push(e);
                     }
                     false
                 }
@@ -257,7 +326,7 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
             match b.vf.set(&v.pf_ifname, v.vf_index, s) {
                 Ok(()) => {}
                 Err(e) if e.is_gone() => log.info(&format!("already gone: {e}")),
-                Err(e) => errors.push(e.to_string()),
+                Err(e) => errors.push(e),
             }
         }
         if mac_cleared
@@ -268,7 +337,7 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
                 &VfSetting::Mac { mac: orig_vf.mac },
             )
         {
-            errors.push(e.to_string());
+            errors.push(e);
         }
     }
     errors
@@ -283,7 +352,7 @@ fn recreate_on_host(
     dev: &str,
     ty: &str,
     log: &Logger,
-    errors: &mut Vec<String>,
+    errors: &mut Leftovers,
 ) {
     let name = &claim.original.link.name;
     match host.by_name(name) {
@@ -296,7 +365,7 @@ fn recreate_on_host(
             return;
         }
         Err(e) => {
-            note_or_error(errors, log, &e);
+            note_or_error(errors, log, e);
             return;
         }
     }
@@ -307,16 +376,19 @@ fn recreate_on_host(
         }
         Ok(false) => {}
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e);
             return;
         }
     }
     match b.rdma.add_link(&node.host_netns, dev, ty, name) {
         Ok(()) => log.info(&format!("{ty} device {dev} made again over {name}")),
-        Err(e) => errors.push(format!(
-            "{}: {ty} device {dev} not made again over {name} (`rdma link add {dev} type {ty} netdev {name}` does it by hand): {e}",
-            claim.vf
-        )),
+        Err(source) => errors.push(ReleaseError::SoftNotRemade {
+            target: Box::new(claim.vf.clone()),
+            ty: ty.to_string(),
+            dev: dev.to_string(),
+            netdev: name.clone(),
+            source,
+        }),
     }
 }
 
@@ -331,7 +403,7 @@ fn pf_side_to_restore<'c>(
     node: &Node,
     b: &mut Backends<'_>,
     log: &Logger,
-    errors: &mut Vec<String>,
+    errors: &mut Leftovers,
 ) -> Option<(crate::vf::VfTarget, &'c VfState, Vec<VfSetting>)> {
     let orig_vf = claim.original.vf.as_ref()?;
     let recorded = claim.vf.vf()?;
@@ -352,7 +424,7 @@ fn pf_side_to_restore<'c>(
             return None;
         }
         Err(e) => {
-            errors.push(format!("PF-side settings not restored: {e}"));
+            errors.push(ReleaseError::PfSide(e));
             return None;
         }
     };
@@ -363,7 +435,7 @@ fn pf_side_to_restore<'c>(
             return None;
         }
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e);
             None
         }
     };
@@ -391,7 +463,7 @@ fn restore_netdev(
     moved_back: bool,
     force_mac: bool,
     log: &Logger,
-    errors: &mut Vec<String>,
+    errors: &mut Leftovers,
 ) {
     let orig = &claim.original.link;
     let link = if moved_back {
@@ -409,13 +481,13 @@ fn restore_netdev(
             return;
         }
         Err(e) => {
-            note_or_error(errors, log, &e);
+            note_or_error(errors, log, e);
             return;
         }
     };
     let mut fix = |r: Result<(), LinkError>| {
         if let Err(e) = r {
-            note_or_error(errors, log, &e);
+            note_or_error(errors, log, e);
         }
     };
     let mut up = link.up;
@@ -533,26 +605,25 @@ pub fn ipam_release(
     container_id: &str,
     ifname: &str,
     netns: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<(), IpamError> {
     let Some(req) = ipam_del_request(config, args, path, container_id, ifname, netns) else {
         return Ok(());
     };
-    ipam::exec_negotiated(b.ipam, &req)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    ipam::exec_negotiated(b.ipam, &req).map(|_| ())
 }
 
 /// Everything of an attachment recorded in `claim`: the VF, its IPAM lease
 /// and memlock entry, and the claim itself when nothing failed. The caller
-/// holds the VF lock (and removes the lock file when it is done with the
-/// VF: a takeover keeps using it). `ipam_now`: see [`ReleaseIpam`].
+/// holds the VF lock (whose file goes with it once the claim is gone: a
+/// takeover keeps using it). `ipam_now`: see [`ReleaseIpam`]. Returns what
+/// could not be undone.
 pub fn release_claim(
     claim: &Claim,
     node: &Node,
     b: &mut Backends<'_>,
     log: &Logger,
     ipam_now: ReleaseIpam<'_>,
-) -> Vec<String> {
+) -> Leftovers {
     let args = CniArgs::parse(&claim.cni_args).unwrap_or_default();
     let netns = Some(Path::new(&claim.netns)).filter(|p| crate::netns::is_alive(p));
     let req = claim_ipam_del(claim, &args, ipam_now, netns, log);
@@ -573,16 +644,16 @@ pub fn release_claim(
             Err(e @ ipam::IpamError::NotFound { .. }) => {
                 log.warn(&format!("{e}: a lease it gave, if any, stays in its store"));
             }
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
     if let Err(e) = MemlockDir::new(node.state.root()).forget(&claim.container_id, &claim.ifname) {
-        errors.push(e.to_string());
+        errors.push(e);
     }
     if errors.is_empty()
         && let Err(e) = node.state.remove_claim(&claim.vf.key())
     {
-        errors.push(e.to_string());
+        errors.push(e);
     }
     // One line per release (DEL, GC, rollback, takeover), so an admin can
     // tell from the log when a VF went back and whose it was.
@@ -599,4 +670,51 @@ pub fn release_claim(
         ));
     }
     errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CNI error's `details` read as the `; `-joined strings they were
+    /// built from before the errors were typed.
+    #[test]
+    fn leftovers_read_as_before() {
+        let target = Target::Soft(crate::vf::SoftTarget {
+            soft_rdma: "rxe0".into(),
+            netdev: Some("eth1".into()),
+        });
+        let rdma = || RdmaError::EnterNetns {
+            netns: "/proc/1/ns/net".into(),
+            source: std::io::Error::from_raw_os_error(1),
+        };
+        let not_a_vf = || VfError::NotAVf {
+            pci: "0000:3b:00.2".parse().unwrap(),
+            hint: String::new(),
+        };
+        let mut left = Leftovers::default();
+        assert!(left.is_empty());
+        left.push(ReleaseError::SoftNotRemade {
+            target: Box::new(target.clone()),
+            ty: "rxe".into(),
+            dev: "rxe0".into(),
+            netdev: "eth1".into(),
+            source: rdma(),
+        });
+        let mut more = Leftovers::default();
+        more.push(ReleaseError::PfSide(not_a_vf()));
+        more.push(std::io::Error::other("/s/memlock/c1.json: no space"));
+        left.append(more);
+        assert_eq!(left.len(), 3);
+        let (ty, dev, name, e) = ("rxe", "rxe0", "eth1", rdma());
+        let old = [
+            format!(
+                "{}: {ty} device {dev} not made again over {name} (`rdma link add {dev} type {ty} netdev {name}` does it by hand): {e}",
+                target
+            ),
+            format!("PF-side settings not restored: {}", not_a_vf()),
+            "/s/memlock/c1.json: no space".to_string(),
+        ];
+        assert_eq!(left.to_string(), old.join("; "));
+    }
 }
