@@ -264,20 +264,22 @@ pub fn plan_add(
     if let Some(v) = vf.vf() {
         refuse_unsupported_by_pf(&vf_settings, v)?;
     }
-    let soft_on_vf = vf.vf().and_then(|v| v.rdma_soft.clone());
-    if let (Some(dev), Some(ty), RdmaPolicy::Never) = (vf.rdma(), &soft_on_vf, conf.rdma) {
+    // A soft device (an rxe on a VF's netdev, or the soft device attached
+    // by name) dies when its netdev leaves the host netns: made again, never
+    // moved.
+    let soft = vf.soft_link().map(|(_, ty)| ty.clone());
+    if let (Some((dev, ty)), RdmaPolicy::Never) = (vf.soft_link(), conf.rdma) {
+        let of = vf.vf().map(|_| format!(" of {vf}")).unwrap_or_default();
         warnings.push(format!(
-            "rdma is false: the kernel deletes {ty} device {dev} of {vf} when its netdev leaves the host netns; DEL makes it again on the host"
+            "rdma is false: the kernel deletes {ty} device {dev}{of} when its netdev leaves the host netns; DEL makes it again on the host"
         ));
     }
     let rdma_device = match (vf.rdma(), conf.rdma) {
         (_, RdmaPolicy::Never) => None,
-        // A soft device over the VF's netdev is made again in the pod netns
-        // (any netns mode: it dies with the move either way); without RDMA
-        // netlink it cannot be, and `auto` warns as below.
-        (Some(dev), _) if soft_on_vf.is_some() && matches!(rdma_mode, Some(Ok(_))) => {
-            Some(dev.clone())
-        }
+        // Made again in the pod netns (any netns mode: it dies with the
+        // move either way); without RDMA netlink it cannot be, and `auto`
+        // warns as below.
+        (Some(dev), _) if soft.is_some() && matches!(rdma_mode, Some(Ok(_))) => Some(dev.clone()),
         (None, RdmaPolicy::Always) => {
             return Err(CniError::new(
                 code::RDMA,
@@ -323,7 +325,7 @@ pub fn plan_add(
         vf_settings,
         mac: conf.mac,
         mtu: conf.mtu,
-        rdma_recreate: soft_on_vf.filter(|_| rdma_device.is_some()),
+        rdma_recreate: soft.filter(|_| rdma_device.is_some()),
         rdma_device,
         ipam: conf.ipam.is_some(),
         memlock: conf.memlock,
@@ -389,6 +391,7 @@ mod tests {
     #[test]
     fn soft_device_plan() {
         let soft = Target::Soft(crate::vf::SoftTarget {
+            link_type: None,
             soft_rdma: "rxe_t0".into(),
             netdev: Some("v0".into()),
         });
@@ -404,7 +407,23 @@ mod tests {
         );
         assert!(p.steps().contains(&Step::SetMac));
         assert_eq!(p.rdma_device.as_deref(), Some("rxe_t0"));
+        assert_eq!(p.rdma_recreate, None, "a claim without the link type");
         assert_eq!(p.mtu, Some(1400));
+        // With its link type (as resolved now): made again in the pod, in
+        // either netns mode, never moved.
+        let typed = Target::Soft(crate::vf::SoftTarget {
+            link_type: Some("rxe".into()),
+            soft_rdma: "rxe_t0".into(),
+            netdev: Some("v0".into()),
+        });
+        for mode in [RdmaNetnsMode::Exclusive, RdmaNetnsMode::Shared] {
+            let (p, w) = plan_add(&n, "net1", &typed, Some(Ok(mode))).unwrap();
+            assert_eq!(p.rdma_device.as_deref(), Some("rxe_t0"), "{mode:?}");
+            assert_eq!(p.rdma_recreate.as_deref(), Some("rxe"), "{mode:?}");
+            assert!(p.steps().contains(&Step::RecreateRdma), "{mode:?}");
+            assert!(!p.steps().contains(&Step::MoveRdma), "{mode:?}");
+            assert!(w.is_empty(), "{w:?}");
+        }
         // PF-side settings with a soft target are refused even past the parser.
         c["deviceID"] = "0000:3b:00.2".into();
         c.as_object_mut().unwrap().remove("mac");

@@ -86,6 +86,12 @@ pub struct SoftTarget {
     pub soft_rdma: String,
     /// The parent netdev as sysfs names it.
     pub netdev: Option<String>,
+    /// Its link type (`rxe`, `siw`): the kernel deletes a soft device when
+    /// its netdev leaves the netns (`rxe_net`'s NETDEV_UNREGISTER), so ADD
+    /// makes it again in the pod and release on the host. `None` in claims
+    /// written before this was recorded (those are released as then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_type: Option<String>,
 }
 
 /// The device an attachment holds. Untagged: claims written before soft
@@ -121,6 +127,15 @@ impl Target {
         match self {
             Target::Vf(v) => Some(v.pci),
             Target::Soft(_) => None,
+        }
+    }
+    /// The soft RDMA device over the netdev and its link type (an rxe on a
+    /// VF, or the soft device itself): it dies with the netdev's move and
+    /// is made again, never moved.
+    pub fn soft_link(&self) -> Option<(&String, &String)> {
+        match self {
+            Target::Vf(v) => Some((v.rdma.as_ref()?, v.rdma_soft.as_ref()?)),
+            Target::Soft(s) => Some((&s.soft_rdma, s.link_type.as_ref()?)),
         }
     }
     /// The VF, for PF-side attributes.
@@ -349,7 +364,18 @@ pub fn resolve_soft(root: &HostRoot, name: &str) -> Result<SoftTarget, VfError> 
     Ok(SoftTarget {
         soft_rdma: name.to_string(),
         netdev: (!netdev.is_empty()).then_some(netdev),
+        link_type: Some(soft_link_type(&dir).to_string()),
     })
+}
+
+/// `siw` when the soft device at `dir` is an RNIC (iWARP), else `rxe`.
+fn soft_link_type(dir: &std::path::Path) -> &'static str {
+    let node_type = std::fs::read_to_string(dir.join("node_type")).unwrap_or_default();
+    if node_type.contains("RNIC") {
+        "siw"
+    } else {
+        "rxe"
+    }
 }
 
 /// The soft RDMA device made over netdev `netdev` and its link type: a
@@ -366,13 +392,7 @@ pub fn soft_rdma_on(root: &HostRoot, netdev: &str) -> Option<(String, String)> {
         if parent.trim() != netdev {
             return None;
         }
-        let node_type = std::fs::read_to_string(dir.join("node_type")).unwrap_or_default();
-        let ty = if node_type.contains("RNIC") {
-            "siw"
-        } else {
-            "rxe"
-        };
-        Some((name, ty.to_string()))
+        Some((name, soft_link_type(&dir).to_string()))
     })
 }
 
@@ -568,9 +588,16 @@ mod tests {
         let s = Target::Soft(SoftTarget {
             soft_rdma: "rxe_t0".into(),
             netdev: Some("v0".into()),
+            link_type: Some("rxe".into()),
         });
         let back: Target = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
         assert_eq!(back, s);
+        // A soft claim written before the link type was recorded.
+        let old: Target =
+            serde_json::from_value(serde_json::json!({"softRdma": "rxe_t0", "netdev": "v0"}))
+                .unwrap();
+        assert_eq!(old.soft_link(), None);
+        assert_eq!(old.rdma().map(String::as_str), Some("rxe_t0"));
     }
 
     #[test]

@@ -98,6 +98,8 @@ const REQUIRED: &[&str] = &[
     "dp-rxe-on-vf-is-the-vfs-rdma-device",
     "cni-rxe-on-vf-made-again-in-pod",
     "cni-rxe-on-vf-back-on-host",
+    "cni-rxe-plain-made-again-in-pod",
+    "cni-rxe-plain-back-on-host",
     "perftest-runner",
     "guest-finished",
 ];

@@ -317,6 +317,40 @@ check cni-rxe-on-vf-back-on-host "$?" "DEL exit $rc; VF netdev $vfn1_now (was $v
 ip netns delete pod-x
 rdma link delete rxe_vf1
 
+# The kind path: an rxe over a macvlan attached by name (deviceID is the
+# rxe's name). The kernel deletes it when the macvlan leaves the host netns;
+# kroce-cni makes it again over net1 in the pod and over the macvlan on DEL.
+section "(c) CNI ADD/DEL of an rxe over a plain netdev (kind path)"
+ip link add kmv0 link "$pf" type macvlan mode bridge
+ip link set kmv0 up
+mv_mac=$(cat /sys/class/net/kmv0/address)
+rdma link add rxe_mv0 type rxe netdev kmv0
+ip netns add pod-m
+cfg_m=$(cat <<JSON
+{"cniVersion": "1.0.0", "name": "vm-net", "type": "kroce-cni", "deviceID": "rxe_mv0", "rdma": true,
+ "ipam": {"type": "host-local", "dataDir": "/tmp/host-local", "ranges": [[{"subnet": "10.56.0.0/24"}]]}}
+JSON
+)
+cni ADD c-pm pod-m net1 "$cfg_m" >"$out/rxe-plain-add.json" 2>&1
+rc=$?
+cat "$out/rxe-plain-add.json"
+in_pod=$(ip netns exec pod-m rdma link show 2>&1 | tr '\n' ' ')
+on_host=$(rdma link show 2>&1 | tr '\n' ' ')
+[ "$rc" = 0 ] && grep -q "rxe_mv0/1 .*netdev net1" <<<"$in_pod" && ! grep -q rxe_mv0 <<<"$on_host"
+check cni-rxe-plain-made-again-in-pod "$?" "ADD (deviceID rxe_mv0, rdma true) exit $rc; in pod-m: $in_pod; on the host: $on_host"
+cni DEL c-pm pod-m net1 "$cfg_m" >"$out/rxe-plain-del.json" 2>&1
+rc=$?
+cni DEL c-pm pod-m net1 "$cfg_m" >>"$out/rxe-plain-del.json" 2>&1
+rc2=$?
+cat "$out/rxe-plain-del.json"
+on_host=$(rdma link show 2>&1 | tr '\n' ' ')
+mac_now=$(cat /sys/class/net/kmv0/address 2>/dev/null)
+[ "$rc" = 0 ] && [ "$rc2" = 0 ] && [ "$mac_now" = "$mv_mac" ] && grep -q "rxe_mv0/1 .*netdev kmv0" <<<"$on_host" && [ -z "$(claims)" ]
+check cni-rxe-plain-back-on-host "$?" "DEL exit $rc, again $rc2; kmv0 MAC $mac_now (was $mv_mac); host: $on_host; claims: $(claims)"
+ip netns delete pod-m
+rdma link delete rxe_mv0
+ip link delete kmv0
+
 ip netns add pod-a
 ip netns add pod-b
 cfg_a=$(net_config "$vf0" '"rdma": false,')

@@ -631,7 +631,7 @@ fn recreate_in_pod(
         CniError::new(
             code::RDMA,
             format!(
-                "{vf}: {ty} device {dev} (deleted by the kernel when the VF's netdev left the host netns) could not be made again over {ifname} in the pod netns: {e}; the VF is given back and {dev} made again on the host. Use `rdma: false` to attach the VF without RDMA, or check that the rdma_{ty} module is loaded and the RDMA netns mode (`rdma system`)"
+                "{vf}: {ty} device {dev} (deleted by the kernel when its netdev left the host netns) could not be made again over {ifname} in the pod netns: {e}; the netdev is given back and {dev} made again on the host. Use `rdma: false` to attach without RDMA, or check that the rdma_{ty} module is loaded and the RDMA netns mode (`rdma system`)"
             ),
         )
     };

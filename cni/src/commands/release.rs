@@ -112,12 +112,29 @@ pub enum Seen<'a> {
 /// device (whose netdev may sit on any NIC): the recorded ifindex, and in
 /// the host netns also sysfs naming `l` as its parent now. An ifindex alone
 /// never decides in the host netns: a claim could name any host link's.
+///
+/// A soft device that dies with its netdev's move (and is made again) is
+/// not in the host's sysfs between the move back and its remaking: then the
+/// ifindex and the MAC (the original or the planned one) together decide.
 pub fn is_our_link(l: &LinkInfo, claim: &Claim, seen: Seen<'_>) -> bool {
     let index = l.index == claim.original.link.index || Some(l.index) == claim.pod_ifindex;
     match (&claim.vf, &l.parent_dev, seen) {
         (Target::Vf(v), Some(p), _) => *p == v.pci.to_string(),
         (_, _, Seen::Pod) => index,
-        (target, _, Seen::Host(root)) => index && crate::vf::host_link_is(root, l, target).is_ok(),
+        (target, _, Seen::Host(root)) => {
+            index
+                && match crate::vf::host_link_is(root, l, target) {
+                    Ok(()) => true,
+                    Err(crate::vf::NotTheDevice::Soft {
+                        source: crate::vf::VfError::SoftNotFound { .. },
+                        ..
+                    }) if target.soft_link().is_some() => {
+                        l.mac.is_some()
+                            && (l.mac == claim.original.link.mac || l.mac == claim.planned.mac)
+                    }
+                    Err(_) => false,
+                }
+        }
     }
 }
 
@@ -175,10 +192,7 @@ pub fn restore_vf(claim: &Claim, node: &Node, b: &mut Backends<'_>, log: &Logger
     // 1. The RDMA device, while its netns still exists. Not a soft device
     //    over the VF's netdev: it dies with the netdev's move (made again
     //    on the host in step 4b).
-    let soft = claim
-        .vf
-        .vf()
-        .and_then(|v| Some((v.rdma.as_ref()?, v.rdma_soft.as_ref()?)));
+    let soft = claim.vf.soft_link();
     if let (Some(dev), Some(ns), None) = (&claim.planned.rdma_device, &pod_ns, soft) {
         match b.rdma.move_device(dev, ns, &node.host_netns) {
             Ok(Moved::Yes) => log.info(&format!("RDMA device {dev} back in the host netns")),
@@ -681,6 +695,7 @@ mod tests {
     #[test]
     fn leftovers_read_as_before() {
         let target = Target::Soft(crate::vf::SoftTarget {
+            link_type: Some("rxe".into()),
             soft_rdma: "rxe0".into(),
             netdev: Some("eth1".into()),
         });
