@@ -16,9 +16,8 @@
 //! with `hostPID` and privileged), so systemd stops the host's units as on
 //! any clean reboot. [`decide`] is the pure decision, [`act`] runs it.
 
-use kroce_operator::crd::{Condition, RdmaNodeState};
+use kroce_operator::crd::RdmaNodeState;
 pub use kroce_operator::names::REBOOT_REQUEST_ANNOTATION;
-use kroce_operator::names::{NETNS_MODE_PENDING_CONDITION, NETNS_MODE_REBOOT_REQUIRED};
 use std::path::{Path, PathBuf};
 
 /// The record under the agent's state dir: the boot id it last asked to leave.
@@ -113,13 +112,7 @@ pub fn decide(
 }
 
 /// Whether a report says only a reboot applies the RDMA netns mode.
-pub fn reboot_required(conditions: &[Condition]) -> bool {
-    conditions.iter().any(|c| {
-        c.type_ == NETNS_MODE_PENDING_CONDITION
-            && c.is_true()
-            && c.reason == NETNS_MODE_REBOOT_REQUIRED
-    })
-}
+pub use kroce_operator::crd::node_state::netns_reboot_required as reboot_required;
 
 /// The controller's request on this node's state, if any.
 pub fn requested(state: &RdmaNodeState) -> Option<&str> {

@@ -1,0 +1,753 @@
+//! Nodes whose RDMA netns mode only a reboot applies: the node label (always)
+//! and, behind `--reboot-for-rdma-mode` (off by default), rebooting them
+//! within the drain's disruption budget.
+//!
+//! The node agent reports `RdmaNetnsModePending` with reason
+//! `RebootRequired` when the kernel refuses to change the mode while pods'
+//! netns exist. The node loop mirrors that as the label
+//! [`NETNS_MODE_PENDING_LABEL`]`=`[`NETNS_MODE_PENDING_VALUE`] on the Node
+//! ([`pending_label`]), so admins can find (and select) such nodes.
+//!
+//! With the flag on, each drain round also plans reboots ([`plan_reboot`],
+//! pure), nodes in name order, within the same budget as drains
+//! (`--drain-max-unavailable`, the networks' `spec.maxUnavailable` for the
+//! networks asking for a mode), counting every unschedulable node and the
+//! nodes the drain starts in the same round. A node taken is marked
+//! ([`REBOOT_ANNOTATION`], [`REBOOT_STARTED_ANNOTATION`]), cordoned (unless
+//! unschedulable already) and drained: every pod on it but DaemonSet and
+//! static pods is evicted (policy/v1 Eviction: PodDisruptionBudgets hold).
+//! Once none is left, the controller asks the agent to reboot the host out
+//! of the boot the kubelet reports (`status.nodeInfo.bootID`), by
+//! [`REBOOT_REQUEST_ANNOTATION`] on the node's `RdmaNodeState` (the agent
+//! reads that object; it has no Node RBAC). The agent asks at most once per
+//! boot (`--allow-host-reboot`). When the agent reports the mode live (the
+//! condition cleared at the current spec), the marks and the request go
+//! and the node is uncordoned if kroce cordoned it.
+//!
+//! A node not back with its mode within `--drain-timeout-seconds` of the
+//! start is released (uncordoned if kroce cordoned it: a node that never
+//! came back is NotReady, and tainted so, anyway), marked
+//! [`REBOOT_TIMED_OUT_ANNOTATION`] with its spec generation, reported (a
+//! `RebootTimedOut` event and its networks' `status.drain.timedOut`) and not
+//! tried again until its spec changes.
+
+use super::drain::{
+    ALREADY_CORDONED, Budgets, CORDONED_BY_KROCE, DrainNode, DrainPolicy, HeldReport, Scope,
+    governing, scope_text,
+};
+use super::{Context, Error};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kroce_operator::crd::network::DRAIN_STATUS_MAX_NAMES;
+use kroce_operator::crd::{DrainStatus, RdmaNetnsModeSetting, RdmaNodeState};
+pub use kroce_operator::names::{
+    NETNS_MODE_PENDING_LABEL, NETNS_MODE_PENDING_VALUE, REBOOT_ANNOTATION,
+    REBOOT_REQUEST_ANNOTATION, REBOOT_STARTED_ANNOTATION, REBOOT_TIMED_OUT_ANNOTATION,
+};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// The value [`NETNS_MODE_PENDING_LABEL`] should have on a node with this
+/// state (`None`: absent).
+pub fn pending_label(state: Option<&RdmaNodeState>) -> Option<&'static str> {
+    state
+        .is_some_and(RdmaNodeState::netns_reboot_required)
+        .then_some(NETNS_MODE_PENDING_VALUE)
+}
+
+/// Sets or removes the label where the Node differs; whether it wrote.
+pub async fn write_pending_label(
+    ctx: &Context,
+    node: &Node,
+    state: Option<&RdmaNodeState>,
+) -> Result<bool, Error> {
+    let want = pending_label(state);
+    let have = node.labels().get(NETNS_MODE_PENDING_LABEL).map(String::as_str);
+    if want == have {
+        return Ok(false);
+    }
+    let name = node.name_any();
+    let patch = serde_json::json!({"metadata": {"labels": {NETNS_MODE_PENDING_LABEL: want}}});
+    Api::<Node>::all(ctx.client.clone())
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    ctx.metrics.node_writes.inc();
+    let note = match want {
+        Some(v) => format!(
+            "labelled {NETNS_MODE_PENDING_LABEL}={v}: its RDMA netns mode applies only at the \
+             next boot"
+        ),
+        None => format!("{NETNS_MODE_PENDING_LABEL} removed: no reboot required any more"),
+    };
+    super::drain::node_event(ctx, node, EventType::Normal, "RdmaNetnsModePending", note).await;
+    Ok(true)
+}
+
+/// What the reboot planner sees of a node's state.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModeReport {
+    /// The report is about the current spec.
+    pub current: bool,
+    pub generation: Option<i64>,
+    /// `RdmaNetnsModePending` / `RebootRequired`.
+    pub reboot_required: bool,
+    /// [`REBOOT_REQUEST_ANNOTATION`]: the boot the agent was asked to leave.
+    pub requested: Option<String>,
+    /// Networks asking for a mode (exclusive or shared), sorted: whose
+    /// `spec.maxUnavailable` applies and whose `status.drain` reports.
+    pub asking: Vec<String>,
+}
+
+impl ModeReport {
+    pub fn from_state(s: &RdmaNodeState) -> ModeReport {
+        let asking: BTreeSet<String> = s
+            .spec
+            .rdma_netns_modes
+            .iter()
+            .filter(|r| r.mode != RdmaNetnsModeSetting::Unmanaged)
+            .map(|r| r.network.clone())
+            .collect();
+        ModeReport {
+            current: s.reported_current(),
+            generation: s.metadata.generation,
+            reboot_required: s.netns_reboot_required(),
+            requested: s
+                .annotations()
+                .get(REBOOT_REQUEST_ANNOTATION)
+                .filter(|v| !v.is_empty())
+                .cloned(),
+            asking: asking.into_iter().collect(),
+        }
+    }
+}
+
+/// A node as the reboot planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RebootNode {
+    pub name: String,
+    pub unschedulable: bool,
+    pub not_ready: bool,
+    /// kroce is draining it for held VFs (`kroce.io/drain`).
+    pub draining: bool,
+    /// [`REBOOT_ANNOTATION`]: whether kroce cordoned it.
+    pub mark: Option<String>,
+    /// [`REBOOT_STARTED_ANNOTATION`] in Unix seconds.
+    pub started: Option<i64>,
+    /// [`REBOOT_TIMED_OUT_ANNOTATION`]: the generation it gave up at.
+    pub timed_out: Option<i64>,
+    /// The kubelet's `status.nodeInfo.bootID`.
+    pub boot_id: Option<String>,
+    /// Networks its state carries (budget scopes).
+    pub networks: Vec<String>,
+    pub state: Option<ModeReport>,
+}
+
+impl RebootNode {
+    pub fn of(n: &Node, state: Option<&RdmaNodeState>) -> RebootNode {
+        let d = super::drain::drain_node(n, state);
+        let annotation = |k: &str| n.annotations().get(k).cloned();
+        RebootNode {
+            name: d.name,
+            unschedulable: d.unschedulable,
+            not_ready: d.not_ready,
+            draining: d.mark.is_some(),
+            mark: annotation(REBOOT_ANNOTATION),
+            started: annotation(REBOOT_STARTED_ANNOTATION)
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .map(|t| t.as_second()),
+            timed_out: annotation(REBOOT_TIMED_OUT_ANNOTATION).and_then(|g| g.parse().ok()),
+            boot_id: n
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.boot_id.clone())
+                .filter(|b| !b.is_empty()),
+            networks: d.networks,
+            state: state.map(ModeReport::from_state),
+        }
+    }
+
+    /// As the drain's budgets count it; `busy`: unavailable for a reason
+    /// the node fields do not show (the drain started it this round).
+    fn budget_view(&self, busy: bool) -> DrainNode {
+        DrainNode {
+            name: self.name.clone(),
+            unschedulable: self.unschedulable,
+            not_ready: self.not_ready,
+            mark: (busy || self.draining || self.mark.is_some()).then(|| "busy".to_string()),
+            networks: self.networks.clone(),
+            state: self.state.as_ref().map(|s| HeldReport {
+                needed_by: s.asking.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RebootAction {
+    /// Mark the node (cordoning it if `cordon`), then as [`RebootAction::Drain`].
+    Start {
+        node: String,
+        cordon: bool,
+        boot_id: String,
+    },
+    /// Evict what still runs on the node; once nothing is left, ask its
+    /// agent to reboot out of `boot_id`. `stamp`: no readable start time.
+    Drain {
+        node: String,
+        boot_id: String,
+        stamp: bool,
+    },
+    /// Done (or abandoned): drop the marks and the request; uncordon if
+    /// `uncordon`.
+    Finish {
+        node: String,
+        uncordon: bool,
+        why: String,
+    },
+    /// Not back with its mode in time: released, `generation` recorded.
+    TimedOut {
+        node: String,
+        uncordon: bool,
+        generation: Option<i64>,
+        waited: Duration,
+        /// Where it got to, for the event.
+        stage: String,
+    },
+    /// Drop a [`REBOOT_TIMED_OUT_ANNOTATION`] that no longer applies.
+    Forget { node: String },
+    /// Nothing to do now; `why` says so.
+    Wait { node: String, why: String },
+}
+
+impl RebootAction {
+    pub fn node(&self) -> &str {
+        match self {
+            RebootAction::Start { node, .. }
+            | RebootAction::Drain { node, .. }
+            | RebootAction::Finish { node, .. }
+            | RebootAction::TimedOut { node, .. }
+            | RebootAction::Forget { node }
+            | RebootAction::Wait { node, .. } => node,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RebootPlan {
+    pub actions: Vec<RebootAction>,
+    /// Per network asking for a mode: rebooting, waiting and timed-out
+    /// nodes, merged into its `status.drain`.
+    pub status: BTreeMap<String, DrainStatus>,
+}
+
+#[derive(Default)]
+struct Tally {
+    rebooting: BTreeSet<String>,
+    waiting: usize,
+    timed_out: BTreeSet<String>,
+}
+
+/// Decides, for every node, what the reboot does this round at `now`
+/// (Unix seconds). `enabled`: `--reboot-for-rdma-mode`; `policy`: the
+/// drain's budgets and timeout; `drain_started`: nodes the drain starts
+/// this round (unavailable from now, though the stores do not show it).
+pub fn plan_reboot(
+    nodes: &[RebootNode],
+    enabled: bool,
+    policy: &DrainPolicy,
+    drain_started: &BTreeSet<String>,
+    now: i64,
+) -> RebootPlan {
+    let mut sorted: Vec<&RebootNode> = nodes.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let views: Vec<DrainNode> = sorted
+        .iter()
+        .map(|n| n.budget_view(drain_started.contains(&n.name)))
+        .collect();
+    let view_refs: Vec<&DrainNode> = views.iter().collect();
+    let mut budgets = Budgets::new(&view_refs, policy);
+    let timeout = i64::try_from(policy.timeout.as_secs()).unwrap_or(i64::MAX);
+    let mut actions = Vec::new();
+    let mut tally: BTreeMap<String, Tally> = BTreeMap::new();
+    let asking = |n: &RebootNode| -> Vec<String> {
+        n.state
+            .as_ref()
+            .map(|s| s.asking.clone())
+            .unwrap_or_default()
+    };
+    for (n, view) in sorted.iter().zip(&views) {
+        let Some(mark) = &n.mark else { continue };
+        let uncordon = mark == CORDONED_BY_KROCE;
+        let finish = |why: &str| RebootAction::Finish {
+            node: n.name.clone(),
+            uncordon,
+            why: why.to_string(),
+        };
+        let action = match &n.state {
+            _ if !enabled => finish("rebooting is off (--reboot-for-rdma-mode=false)"),
+            None => finish("the node has no RdmaNodeState any more"),
+            Some(s) if s.current && !s.reboot_required => {
+                finish("its agent reports the RDMA netns mode live")
+            }
+            Some(s) => {
+                let rebooted = s.requested.is_some() && s.requested != n.boot_id;
+                if let Some(started) = n.started
+                    && now.saturating_sub(started) >= timeout
+                {
+                    for net in asking(n) {
+                        tally
+                            .entry(net)
+                            .or_default()
+                            .timed_out
+                            .insert(n.name.clone());
+                    }
+                    let stage = match (&s.requested, rebooted) {
+                        (None, _) => "still draining (pods left)",
+                        (Some(_), false) => "asked to reboot, not rebooted",
+                        (Some(_), true) => "rebooted, the mode not reported live",
+                    };
+                    RebootAction::TimedOut {
+                        node: n.name.clone(),
+                        uncordon,
+                        generation: s.generation,
+                        waited: Duration::from_secs(
+                            u64::try_from(now.saturating_sub(started)).unwrap_or(0),
+                        ),
+                        stage: stage.into(),
+                    }
+                } else {
+                    for net in asking(n) {
+                        tally
+                            .entry(net)
+                            .or_default()
+                            .rebooting
+                            .insert(n.name.clone());
+                    }
+                    let wait = |why: String| RebootAction::Wait {
+                        node: n.name.clone(),
+                        why,
+                    };
+                    let stamp = n.started.is_none();
+                    match (&s.requested, &n.boot_id) {
+                        (Some(r), _) if rebooted => wait(format!(
+                            "rebooted out of boot {r}: waiting for its agent to report the mode"
+                        )),
+                        (Some(r), _) => wait(format!("reboot asked (boot {r}): waiting for it")),
+                        (None, Some(b)) => RebootAction::Drain {
+                            node: n.name.clone(),
+                            boot_id: b.clone(),
+                            stamp,
+                        },
+                        (None, None) => wait("its kubelet reports no bootID".into()),
+                    }
+                }
+            }
+        };
+        let released = matches!(
+            action,
+            RebootAction::Finish { .. } | RebootAction::TimedOut { .. }
+        );
+        actions.push(action);
+        if released {
+            let after = DrainNode {
+                mark: (n.draining || drain_started.contains(&n.name)).then(|| "busy".into()),
+                unschedulable: n.unschedulable && !uncordon,
+                ..view.clone()
+            };
+            if !after.unavailable() {
+                budgets.add(view, policy, -1);
+            }
+        }
+    }
+    for (n, view) in sorted.iter().zip(&views) {
+        if n.mark.is_some() {
+            continue;
+        }
+        let Some(s) = &n.state else { continue };
+        if !s.current {
+            continue;
+        }
+        if !s.reboot_required {
+            if n.timed_out.is_some() {
+                actions.push(RebootAction::Forget {
+                    node: n.name.clone(),
+                });
+            }
+            continue;
+        }
+        if !enabled {
+            continue;
+        }
+        let wait = |why: String| RebootAction::Wait {
+            node: n.name.clone(),
+            why,
+        };
+        if n.timed_out.is_some() && n.timed_out == s.generation {
+            for net in &s.asking {
+                tally
+                    .entry(net.clone())
+                    .or_default()
+                    .timed_out
+                    .insert(n.name.clone());
+            }
+            actions.push(wait(format!(
+                "its reboot timed out at generation {}: skipped until the spec changes (or \
+                 {REBOOT_TIMED_OUT_ANNOTATION} is removed)",
+                s.generation.unwrap_or_default()
+            )));
+            continue;
+        }
+        if n.draining || drain_started.contains(&n.name) {
+            actions.push(wait("being drained for held VFs first".into()));
+            continue;
+        }
+        let Some(boot_id) = &n.boot_id else {
+            actions.push(wait("its kubelet reports no bootID".into()));
+            continue;
+        };
+        let gov = governing(view, policy);
+        // Out of service already: rebooting it makes nothing less available.
+        let full = if view.unavailable() {
+            None
+        } else {
+            budgets.full(&gov)
+        };
+        if let Some(scope) = full {
+            for net in &s.asking {
+                tally.entry(net.clone()).or_default().waiting += 1;
+            }
+            actions.push(wait(format!(
+                "disruption budget full: {} of {} nodes unavailable ({})",
+                budgets.used(scope),
+                budgets.limit(scope),
+                scope_text(scope, policy)
+            )));
+            continue;
+        }
+        if !view.unavailable() {
+            budgets.add(view, policy, 1);
+        }
+        for net in &s.asking {
+            tally
+                .entry(net.clone())
+                .or_default()
+                .rebooting
+                .insert(n.name.clone());
+        }
+        actions.push(RebootAction::Start {
+            node: n.name.clone(),
+            cordon: !n.unschedulable,
+            boot_id: boot_id.clone(),
+        });
+    }
+    let status = tally
+        .into_iter()
+        .map(|(net, t)| {
+            let scope = if policy.overrides.contains_key(&net) {
+                Scope::Network(net.clone())
+            } else {
+                Scope::Global
+            };
+            let names =
+                |set: &BTreeSet<String>| set.iter().take(DRAIN_STATUS_MAX_NAMES).cloned().collect();
+            let st = DrainStatus {
+                max_unavailable: budgets.limit(&scope).try_into().unwrap_or(u32::MAX),
+                unavailable_nodes: budgets.used(&scope).try_into().unwrap_or(u32::MAX),
+                draining_nodes: t.rebooting.len().try_into().unwrap_or(u32::MAX),
+                waiting_nodes: t.waiting.try_into().unwrap_or(u32::MAX),
+                timed_out_nodes: t.timed_out.len().try_into().unwrap_or(u32::MAX),
+                draining: names(&t.rebooting),
+                timed_out: names(&t.timed_out),
+            };
+            (net, st)
+        })
+        .collect();
+    RebootPlan { actions, status }
+}
+
+/// `reboot`'s per-network status folded into the drain's: counts added,
+/// names joined (sorted, once each, within the cap); the budget numbers of
+/// the later round (the reboot's, which counts the drain's starts) win.
+pub fn merge_status(
+    drain: &mut BTreeMap<String, DrainStatus>,
+    reboot: BTreeMap<String, DrainStatus>,
+) {
+    for (net, r) in reboot {
+        let Some(d) = drain.get_mut(&net) else {
+            drain.insert(net, r);
+            continue;
+        };
+        let join = |a: &[String], b: &[String]| -> Vec<String> {
+            let set: BTreeSet<&String> = a.iter().chain(b).collect();
+            set.into_iter()
+                .take(DRAIN_STATUS_MAX_NAMES)
+                .cloned()
+                .collect()
+        };
+        d.max_unavailable = r.max_unavailable;
+        d.unavailable_nodes = d.unavailable_nodes.max(r.unavailable_nodes);
+        d.draining_nodes = d.draining_nodes.saturating_add(r.draining_nodes);
+        d.waiting_nodes = d.waiting_nodes.saturating_add(r.waiting_nodes);
+        d.timed_out_nodes = d.timed_out_nodes.saturating_add(r.timed_out_nodes);
+        d.draining = join(&d.draining, &r.draining);
+        d.timed_out = join(&d.timed_out, &r.timed_out);
+    }
+}
+
+/// Whether a pod goes before a reboot: not a DaemonSet's (it would come
+/// back at once, and the agent is one), not a static (mirror) pod, not
+/// finished. Terminating pods count: the reboot waits for them.
+pub fn evictable(p: &Pod) -> bool {
+    let daemon = p
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
+    let done = p
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+    !(daemon || mirror || done)
+}
+
+/// Pods that must leave `node` before it reboots, `namespace/name`, and
+/// of them those not terminating yet (to evict).
+async fn pods_on(ctx: &Context, node: &str) -> Result<(Vec<String>, Vec<String>), kube::Error> {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let pods = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    let mut left = Vec::new();
+    let mut evict = Vec::new();
+    for p in pods.items.iter().filter(|p| evictable(p)) {
+        let name = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+        if p.metadata.deletion_timestamp.is_none() {
+            evict.push(name.clone());
+        }
+        left.push(name);
+    }
+    left.sort();
+    evict.sort();
+    Ok((left, evict))
+}
+
+/// Sets (`Some`) or removes the request on the node's `RdmaNodeState`.
+async fn set_request(ctx: &Context, node: &str, boot_id: Option<&str>) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": {REBOOT_REQUEST_ANNOTATION: boot_id}}});
+    match Api::<RdmaNodeState>::all(ctx.client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 && boot_id.is_none() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Evicts what is left on `node`; once nothing is, asks its agent.
+async fn drain_then_request(
+    ctx: &Context,
+    node: &Node,
+    boot_id: &str,
+    started: bool,
+    errors: &mut Vec<kube::Error>,
+) {
+    let name = node.name_any();
+    let (left, to_evict) = match pods_on(ctx, &name).await {
+        Ok(p) => p,
+        Err(e) => {
+            errors.push(e);
+            return;
+        }
+    };
+    if left.is_empty() {
+        if let Err(e) = set_request(ctx, &name, Some(boot_id)).await {
+            errors.push(e);
+            return;
+        }
+        super::drain::node_event(
+            ctx,
+            node,
+            EventType::Warning,
+            "RebootRequested",
+            format!(
+                "drained; its node agent is asked to reboot the host out of boot {boot_id} for \
+                 its RDMA netns mode ({REBOOT_REQUEST_ANNOTATION} on its RdmaNodeState)"
+            ),
+        )
+        .await;
+        return;
+    }
+    let evicted = super::drain::evict(ctx, &to_evict, errors).await;
+    if started || !evicted.is_empty() {
+        super::drain::node_event(
+            ctx,
+            node,
+            EventType::Warning,
+            "DrainingForReboot",
+            format!(
+                "its RDMA netns mode applies only at boot; draining before the reboot: {}",
+                if evicted.is_empty() {
+                    left.join(", ")
+                } else {
+                    evicted.join(", ")
+                }
+            ),
+        )
+        .await;
+    }
+}
+
+/// Acts on `plan` at `now`; errors are collected, every action is tried.
+pub(crate) async fn act(
+    ctx: &Context,
+    plan: &RebootPlan,
+    by_name: &BTreeMap<String, &std::sync::Arc<Node>>,
+    timeout: Duration,
+    now: i64,
+    errors: &mut Vec<kube::Error>,
+) {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let pp = PatchParams::default();
+    let rfc3339 = super::drain::rfc3339;
+    for a in &plan.actions {
+        let node_name = a.node();
+        let Some(node) = by_name.get(node_name) else {
+            continue;
+        };
+        match a {
+            RebootAction::Start {
+                cordon, boot_id, ..
+            } => {
+                let mark = if *cordon {
+                    CORDONED_BY_KROCE
+                } else {
+                    ALREADY_CORDONED
+                };
+                let mut patch = serde_json::json!({
+                    "metadata": {"annotations": {
+                        REBOOT_ANNOTATION: mark,
+                        REBOOT_STARTED_ANNOTATION: rfc3339(now),
+                        REBOOT_TIMED_OUT_ANNOTATION: null,
+                    }}
+                });
+                if *cordon {
+                    patch["spec"] = serde_json::json!({"unschedulable": true});
+                }
+                if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
+                    errors.push(e);
+                    continue;
+                }
+                drain_then_request(ctx, node, boot_id, true, errors).await;
+            }
+            RebootAction::Drain { boot_id, stamp, .. } => {
+                if *stamp {
+                    let patch = serde_json::json!({
+                        "metadata": {"annotations": {REBOOT_STARTED_ANNOTATION: rfc3339(now)}}
+                    });
+                    if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
+                        errors.push(e);
+                    }
+                }
+                drain_then_request(ctx, node, boot_id, false, errors).await;
+            }
+            RebootAction::Finish { uncordon, why, .. } => {
+                // The request first: a node never keeps one without a mark.
+                if let Err(e) = set_request(ctx, node_name, None).await {
+                    errors.push(e);
+                    continue;
+                }
+                let mut patch = serde_json::json!({
+                    "metadata": {"annotations": {
+                        REBOOT_ANNOTATION: null,
+                        REBOOT_STARTED_ANNOTATION: null,
+                    }}
+                });
+                if *uncordon {
+                    patch["spec"] = serde_json::json!({"unschedulable": null});
+                }
+                if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
+                    errors.push(e);
+                    continue;
+                }
+                super::drain::node_event(
+                    ctx,
+                    node,
+                    EventType::Normal,
+                    "RebootFinished",
+                    format!(
+                        "{why}; {}",
+                        if *uncordon {
+                            "uncordoned"
+                        } else {
+                            "left unschedulable as it was before"
+                        }
+                    ),
+                )
+                .await;
+            }
+            RebootAction::TimedOut {
+                uncordon,
+                generation,
+                waited,
+                stage,
+                ..
+            } => {
+                if let Err(e) = set_request(ctx, node_name, None).await {
+                    errors.push(e);
+                    continue;
+                }
+                let mut patch = serde_json::json!({
+                    "metadata": {"annotations": {
+                        REBOOT_ANNOTATION: null,
+                        REBOOT_STARTED_ANNOTATION: null,
+                        REBOOT_TIMED_OUT_ANNOTATION: generation.unwrap_or_default().to_string(),
+                    }}
+                });
+                if *uncordon {
+                    patch["spec"] = serde_json::json!({"unschedulable": null});
+                }
+                if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
+                    errors.push(e);
+                    continue;
+                }
+                super::drain::node_event(
+                    ctx,
+                    node,
+                    EventType::Warning,
+                    "RebootTimedOut",
+                    format!(
+                        "not back with its RDMA netns mode after {} s (--drain-timeout-seconds={}): \
+                         {stage}; {} and skipped until its spec changes (or \
+                         {REBOOT_TIMED_OUT_ANNOTATION} is removed)",
+                        waited.as_secs(),
+                        timeout.as_secs(),
+                        if *uncordon {
+                            "uncordoned"
+                        } else {
+                            "left unschedulable as it was before"
+                        }
+                    ),
+                )
+                .await;
+            }
+            RebootAction::Forget { .. } => {
+                let patch = serde_json::json!({
+                    "metadata": {"annotations": {REBOOT_TIMED_OUT_ANNOTATION: null}}
+                });
+                if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
+                    errors.push(e);
+                }
+            }
+            RebootAction::Wait { why, .. } => {
+                tracing::debug!(node = %node_name, %why, "not rebooting");
+            }
+        }
+    }
+}
