@@ -751,3 +751,326 @@ pub(crate) async fn act(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kroce_contracts::max_unavailable::MaxUnavailable;
+
+    /// A node whose agent reports a reboot required at generation 2.
+    fn pending(name: &str) -> RebootNode {
+        RebootNode {
+            name: name.into(),
+            boot_id: Some(format!("boot-{name}")),
+            networks: vec!["fast".into()],
+            state: Some(ModeReport {
+                current: true,
+                generation: Some(2),
+                reboot_required: true,
+                requested: None,
+                asking: vec!["fast".into()],
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn quiet(name: &str) -> RebootNode {
+        let mut n = pending(name);
+        if let Some(s) = n.state.as_mut() {
+            s.reboot_required = false;
+        }
+        n
+    }
+
+    fn policy(budget: &str) -> DrainPolicy {
+        DrainPolicy {
+            enabled: false,
+            max_unavailable: budget.parse::<MaxUnavailable>().unwrap(),
+            overrides: BTreeMap::new(),
+            timeout: Duration::from_secs(600),
+        }
+    }
+
+    /// Each node's action, by kind and a short detail.
+    fn summary(p: &RebootPlan) -> Vec<String> {
+        p.actions
+            .iter()
+            .map(|a| match a {
+                RebootAction::Start { node, cordon, .. } => format!("start {node} cordon={cordon}"),
+                RebootAction::Drain { node, .. } => format!("drain {node}"),
+                RebootAction::Finish { node, uncordon, .. } => {
+                    format!("finish {node} uncordon={uncordon}")
+                }
+                RebootAction::TimedOut { node, stage, .. } => format!("timeout {node}: {stage}"),
+                RebootAction::Forget { node } => format!("forget {node}"),
+                RebootAction::Wait { node, why } => {
+                    format!("wait {node}: {}", why.split(':').next().unwrap_or(why))
+                }
+            })
+            .collect()
+    }
+
+    struct Case {
+        name: &'static str,
+        nodes: Vec<RebootNode>,
+        enabled: bool,
+        budget: &'static str,
+        drain_started: &'static [&'static str],
+        now: i64,
+        want: &'static [&'static str],
+    }
+
+    #[test]
+    fn the_reboot_table() {
+        let cordoned = |mut n: RebootNode| {
+            n.unschedulable = true;
+            n
+        };
+        let marked = |mut n: RebootNode, mark: &str, started: i64| {
+            n.mark = Some(mark.into());
+            n.started = Some(started);
+            n.unschedulable = true;
+            n
+        };
+        let requested = |mut n: RebootNode, boot: &str| {
+            if let Some(s) = n.state.as_mut() {
+                s.requested = Some(boot.into());
+            }
+            n
+        };
+        let cases = vec![
+            Case {
+                name: "off: nothing starts",
+                nodes: vec![pending("n1"), pending("n2")],
+                enabled: false,
+                budget: "1",
+                drain_started: &[],
+                now: 0,
+                want: &[],
+            },
+            Case {
+                name: "budget 1: the first by name, the rest wait (input order irrelevant)",
+                nodes: vec![pending("n3"), pending("n1"), pending("n2"), quiet("n0")],
+                enabled: true,
+                budget: "1",
+                drain_started: &[],
+                now: 0,
+                want: &[
+                    "start n1 cordon=true",
+                    "wait n2: disruption budget full",
+                    "wait n3: disruption budget full",
+                ],
+            },
+            Case {
+                name: "budget 2",
+                nodes: vec![pending("n1"), pending("n2"), pending("n3")],
+                enabled: true,
+                budget: "2",
+                drain_started: &[],
+                now: 0,
+                want: &[
+                    "start n1 cordon=true",
+                    "start n2 cordon=true",
+                    "wait n3: disruption budget full",
+                ],
+            },
+            Case {
+                name: "a node cordoned by someone fills the budget but is itself taken without room",
+                nodes: vec![pending("n1"), cordoned(quiet("n0")), cordoned(pending("n2"))],
+                enabled: true,
+                budget: "1",
+                drain_started: &[],
+                now: 0,
+                want: &[
+                    "wait n1: disruption budget full",
+                    "start n2 cordon=false",
+                ],
+            },
+            Case {
+                name: "a node the drain starts this round counts, and is not rebooted",
+                nodes: vec![pending("n1"), pending("n2")],
+                enabled: true,
+                budget: "1",
+                drain_started: &["n1"],
+                now: 0,
+                want: &[
+                    "wait n1: being drained for held VFs first",
+                    "wait n2: disruption budget full",
+                ],
+            },
+            Case {
+                name: "mid-reboot: draining, asked, rebooted; each holds its room",
+                nodes: vec![
+                    marked(pending("n1"), CORDONED_BY_KROCE, 0),
+                    requested(marked(pending("n2"), CORDONED_BY_KROCE, 0), "boot-n2"),
+                    requested(marked(pending("n3"), CORDONED_BY_KROCE, 0), "boot-old"),
+                    pending("n4"),
+                ],
+                enabled: true,
+                budget: "3",
+                drain_started: &[],
+                now: 100,
+                want: &[
+                    "drain n1",
+                    "wait n2: reboot asked (boot boot-n2)",
+                    "wait n3: rebooted out of boot boot-old",
+                    "wait n4: disruption budget full",
+                ],
+            },
+            Case {
+                name: "back with the mode: released, and the freed room goes to the next",
+                nodes: vec![
+                    requested(marked(quiet("n1"), CORDONED_BY_KROCE, 0), "boot-old"),
+                    requested(marked(quiet("n2"), ALREADY_CORDONED, 0), "boot-old"),
+                    pending("n3"),
+                ],
+                enabled: true,
+                budget: "1",
+                drain_started: &[],
+                now: 100,
+                want: &[
+                    "finish n1 uncordon=true",
+                    "finish n2 uncordon=false",
+                    // n2 stays unschedulable as it was before: still full.
+                    "wait n3: disruption budget full",
+                ],
+            },
+            Case {
+                name: "timeout: released with where it got to, then skipped at that generation",
+                nodes: vec![
+                    requested(marked(pending("n1"), CORDONED_BY_KROCE, 0), "boot-old"),
+                    RebootNode {
+                        timed_out: Some(2),
+                        ..pending("n2")
+                    },
+                    RebootNode {
+                        timed_out: Some(1),
+                        ..pending("n3")
+                    },
+                ],
+                enabled: true,
+                budget: "1",
+                drain_started: &[],
+                now: 600,
+                want: &[
+                    "timeout n1: rebooted, the mode not reported live",
+                    "wait n2: its reboot timed out at generation 2",
+                    // A new spec since: tried again (n1's room is free).
+                    "start n3 cordon=true",
+                ],
+            },
+            Case {
+                name: "turned off mid-reboot: released; a cleared condition forgets the timeout",
+                nodes: vec![
+                    marked(pending("n1"), CORDONED_BY_KROCE, 0),
+                    RebootNode {
+                        timed_out: Some(2),
+                        ..quiet("n2")
+                    },
+                ],
+                enabled: false,
+                budget: "1",
+                drain_started: &[],
+                now: 0,
+                want: &["finish n1 uncordon=true", "forget n2"],
+            },
+            Case {
+                name: "a stale report or no bootID: nothing starts",
+                nodes: vec![
+                    RebootNode {
+                        boot_id: None,
+                        ..pending("n1")
+                    },
+                    {
+                        let mut n = pending("n2");
+                        if let Some(s) = n.state.as_mut() {
+                            s.current = false;
+                        }
+                        n
+                    },
+                ],
+                enabled: true,
+                budget: "2",
+                drain_started: &[],
+                now: 0,
+                want: &["wait n1: its kubelet reports no bootID"],
+            },
+        ];
+        for c in cases {
+            let started: BTreeSet<String> = c.drain_started.iter().map(|s| s.to_string()).collect();
+            let p = plan_reboot(&c.nodes, c.enabled, &policy(c.budget), &started, c.now);
+            assert_eq!(summary(&p), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn status_counts_rebooting_waiting_and_timed_out_and_merges_with_the_drain() {
+        let mut n1 = pending("n1");
+        n1.mark = Some(CORDONED_BY_KROCE.into());
+        n1.started = Some(0);
+        n1.unschedulable = true;
+        let n3 = RebootNode {
+            timed_out: Some(2),
+            ..pending("n3")
+        };
+        let p = plan_reboot(
+            &[n1, pending("n2"), n3],
+            true,
+            &policy("1"),
+            &BTreeSet::new(),
+            10,
+        );
+        let s = &p.status["fast"];
+        assert_eq!(
+            (s.draining_nodes, s.waiting_nodes, s.timed_out_nodes),
+            (1, 1, 1)
+        );
+        assert_eq!(s.draining, ["n1"]);
+        assert_eq!(s.timed_out, ["n3"]);
+        assert_eq!((s.max_unavailable, s.unavailable_nodes), (1, 1));
+        let mut drain = BTreeMap::from([(
+            "fast".to_string(),
+            DrainStatus {
+                max_unavailable: 1,
+                unavailable_nodes: 1,
+                draining_nodes: 1,
+                draining: vec!["n0".into()],
+                ..Default::default()
+            },
+        )]);
+        merge_status(&mut drain, p.status);
+        assert_eq!(drain["fast"].draining, ["n0", "n1"]);
+        assert_eq!(drain["fast"].draining_nodes, 2);
+        assert_eq!(drain["fast"].timed_out, ["n3"]);
+    }
+
+    #[test]
+    fn only_pods_that_would_not_come_back_are_evicted() {
+        let pod = |v: serde_json::Value| -> Pod { serde_json::from_value(v).unwrap() };
+        assert!(evictable(&pod(serde_json::json!({"metadata": {"name": "a"}}))));
+        assert!(!evictable(&pod(serde_json::json!({"metadata": {"name": "ds",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kroce-node",
+                                 "uid": "u", "controller": true}]}}))));
+        assert!(!evictable(&pod(serde_json::json!({"metadata": {"name": "static",
+            "annotations": {"kubernetes.io/config.mirror": "x"}}}))));
+        assert!(!evictable(&pod(serde_json::json!({"metadata": {"name": "done"},
+            "status": {"phase": "Succeeded"}}))));
+    }
+
+    #[test]
+    fn the_label_follows_the_condition() {
+        let mut s = RdmaNodeState::new("n1", Default::default());
+        assert_eq!(pending_label(Some(&s)), None);
+        assert_eq!(pending_label(None), None);
+        s.status = Some(kroce_operator::crd::RdmaNodeStateStatus {
+            conditions: vec![kroce_operator::crd::Condition::new(
+                "RdmaNetnsModePending",
+                true,
+                "RebootRequired",
+                "",
+            )],
+            ..Default::default()
+        });
+        assert_eq!(pending_label(Some(&s)), Some(NETNS_MODE_PENDING_VALUE));
+    }
+}
