@@ -662,7 +662,13 @@ impl DrainSettings {
     }
 }
 
-pub(crate) async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
+pub(crate) async fn node_event(
+    ctx: &Context,
+    node: &Node,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     // One-offs: the recorder would hold every one of a fleet rollout's
     // events for minutes to count repeats that never come.
     ctx.event_once(&node.object_ref(&()), type_, reason, reason, note)
@@ -765,17 +771,10 @@ pub async fn step_at(
         .collect();
     let reboot_views: Vec<crate::reboot::RebootNode> = nodes
         .iter()
-        .map(|n| {
-            crate::reboot::RebootNode::of(n, states.get(&n.name_any()).map(|s| s.as_ref()))
-        })
+        .map(|n| crate::reboot::RebootNode::of(n, states.get(&n.name_any()).map(|s| s.as_ref())))
         .collect();
-    let reboot_plan = crate::reboot::plan_reboot(
-        &reboot_views,
-        settings.reboot,
-        &policy,
-        &drain_started,
-        now,
-    );
+    let reboot_plan =
+        crate::reboot::plan_reboot(&reboot_views, settings.reboot, &policy, &drain_started, now);
     crate::reboot::merge_status(&mut plan.status, reboot_plan.status.clone());
     let by_name: BTreeMap<String, &std::sync::Arc<Node>> =
         nodes.iter().map(|n| (n.name_any(), n)).collect();

@@ -64,7 +64,10 @@ pub async fn write_pending_label(
     state: Option<&RdmaNodeState>,
 ) -> Result<bool, Error> {
     let want = pending_label(state);
-    let have = node.labels().get(NETNS_MODE_PENDING_LABEL).map(String::as_str);
+    let have = node
+        .labels()
+        .get(NETNS_MODE_PENDING_LABEL)
+        .map(String::as_str);
     if want == have {
         return Ok(false);
     }
@@ -539,7 +542,8 @@ async fn pods_on(ctx: &Context, node: &str) -> Result<(Vec<String>, Vec<String>)
 
 /// Sets (`Some`) or removes the request on the node's `RdmaNodeState`.
 async fn set_request(ctx: &Context, node: &str, boot_id: Option<&str>) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({"metadata": {"annotations": {REBOOT_REQUEST_ANNOTATION: boot_id}}});
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {REBOOT_REQUEST_ANNOTATION: boot_id}}});
     match Api::<RdmaNodeState>::all(ctx.client.clone())
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -876,15 +880,16 @@ mod tests {
             },
             Case {
                 name: "a node cordoned by someone fills the budget but is itself taken without room",
-                nodes: vec![pending("n1"), cordoned(quiet("n0")), cordoned(pending("n2"))],
+                nodes: vec![
+                    pending("n1"),
+                    cordoned(quiet("n0")),
+                    cordoned(pending("n2")),
+                ],
                 enabled: true,
                 budget: "1",
                 drain_started: &[],
                 now: 0,
-                want: &[
-                    "wait n1: disruption budget full",
-                    "start n2 cordon=false",
-                ],
+                want: &["wait n1: disruption budget full", "start n2 cordon=false"],
             },
             Case {
                 name: "a node the drain starts this round counts, and is not rebooted",
@@ -1047,14 +1052,22 @@ mod tests {
     #[test]
     fn only_pods_that_would_not_come_back_are_evicted() {
         let pod = |v: serde_json::Value| -> Pod { serde_json::from_value(v).unwrap() };
-        assert!(evictable(&pod(serde_json::json!({"metadata": {"name": "a"}}))));
-        assert!(!evictable(&pod(serde_json::json!({"metadata": {"name": "ds",
+        assert!(evictable(&pod(
+            serde_json::json!({"metadata": {"name": "a"}})
+        )));
+        assert!(!evictable(&pod(
+            serde_json::json!({"metadata": {"name": "ds",
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kroce-node",
-                                 "uid": "u", "controller": true}]}}))));
-        assert!(!evictable(&pod(serde_json::json!({"metadata": {"name": "static",
-            "annotations": {"kubernetes.io/config.mirror": "x"}}}))));
-        assert!(!evictable(&pod(serde_json::json!({"metadata": {"name": "done"},
-            "status": {"phase": "Succeeded"}}))));
+                                 "uid": "u", "controller": true}]}})
+        )));
+        assert!(!evictable(&pod(
+            serde_json::json!({"metadata": {"name": "static",
+            "annotations": {"kubernetes.io/config.mirror": "x"}}})
+        )));
+        assert!(!evictable(&pod(
+            serde_json::json!({"metadata": {"name": "done"},
+            "status": {"phase": "Succeeded"}})
+        )));
     }
 
     #[test]
@@ -1072,5 +1085,198 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(pending_label(Some(&s)), Some(NETNS_MODE_PENDING_VALUE));
+    }
+
+    use crate::drain::{DrainSettings, step_at};
+    use crate::metrics::Metrics;
+    use crate::test_world::fresh;
+    use kroce_operator::testing::mock::ApiServer;
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+
+    const NOW: i64 = 1_800_000_000;
+    const CORE: &str = "/api/v1";
+    const KROCE: &str = "/apis/kroce.io/v1alpha1";
+
+    fn mode_state(node: &str, condition: (&str, &str)) -> Value {
+        json!({
+            "apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNodeState",
+            "metadata": {"name": node, "generation": 2},
+            "spec": {"nodeName": node, "pfs": [{"pciAddress": "0000:3b:00.0", "ifName": "ens1f0",
+                      "numVfs": 2, "vfGroups": [{"network": "fast", "resourceName": "vf",
+                                                 "vfRange": "0-1"}]}],
+                     "rdmaNetnsModes": [{"network": "fast", "mode": "exclusive"}]},
+            "status": {"observedGeneration": 2, "syncState": "Succeeded",
+                       "conditions": [{"type": "RdmaNetnsModePending", "status": condition.0,
+                                       "reason": condition.1, "message": ""}]}
+        })
+    }
+
+    fn node_obj(server: &ApiServer, name: &str) -> Value {
+        server.get(CORE, "nodes", "", name).unwrap()
+    }
+
+    fn annotation(o: &Value, key: &str) -> Value {
+        o["metadata"]["annotations"]
+            .get(key)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    fn cordoned(o: &Value) -> bool {
+        o["spec"]["unschedulable"] == json!(true)
+    }
+
+    fn request(server: &ApiServer, node: &str) -> Value {
+        annotation(
+            &server.get(KROCE, "rdmanodestates", "", node).unwrap(),
+            REBOOT_REQUEST_ANNOTATION,
+        )
+    }
+
+    fn events(server: &ApiServer, reason: &str) -> usize {
+        server
+            .list("/apis/events.k8s.io/v1", "events")
+            .iter()
+            .filter(|e| e["reason"] == reason)
+            .count()
+    }
+
+    /// Issue 22: with `--reboot-for-rdma-mode`, a node whose mode needs a
+    /// reboot is cordoned and drained within the budget (DaemonSet pods
+    /// stay), its agent asked through its node state once nothing is left,
+    /// uncordoned when the agent reports the mode live after the reboot;
+    /// the next node's turn comes then; one that never comes back with the
+    /// mode is released, reported and skipped.
+    #[tokio::test]
+    async fn reboots_one_node_at_a_time_against_the_api() {
+        let (client, server) = ApiServer::start();
+        let ctx = crate::Context::new(
+            client,
+            "kroce-system",
+            "kroce-device-plugin",
+            Arc::new(Metrics::default()),
+            crate::test_world::snapshot(&ApiServer::default()),
+        );
+        server.insert(
+            KROCE,
+            "rdmanetworks",
+            json!({"apiVersion": "kroce.io/v1alpha1", "kind": "RdmaNetwork",
+                   "metadata": {"name": "fast", "generation": 1},
+                   "spec": {"nicSelector": {"pfNames": ["ens1f0"]}, "numVfs": 2,
+                            "rdmaNetnsMode": "exclusive"}}),
+        );
+        for n in ["n1", "n2"] {
+            server.insert(
+                CORE,
+                "nodes",
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
+                       "status": {"nodeInfo": {"bootID": format!("{n}-boot-1")}}}),
+            );
+            server.insert(
+                KROCE,
+                "rdmanodestates",
+                mode_state(n, ("True", "RebootRequired")),
+            );
+        }
+        server.insert(
+            CORE,
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "web", "namespace": "team-a"}, "spec": {"nodeName": "n1"}}),
+        );
+        server.insert(
+            CORE,
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "kroce-node-x", "namespace": "kroce-system",
+                                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                                     "name": "kroce-node", "uid": "u",
+                                                     "controller": true}]},
+                   "spec": {"nodeName": "n1"}}),
+        );
+        let on = DrainSettings {
+            reboot: true,
+            ..Default::default()
+        };
+
+        // Off (the default): nothing happens.
+        step_at(&fresh(&ctx, &server), &DrainSettings::default(), NOW)
+            .await
+            .unwrap();
+        assert!(!cordoned(&node_obj(&server, "n1")));
+        assert!(server.get(CORE, "pods", "team-a", "web").is_some());
+
+        // On: n1 is cordoned and drained, the DaemonSet pod stays; n2 waits.
+        let plan = step_at(&fresh(&ctx, &server), &on, NOW).await.unwrap();
+        assert!(
+            plan.reboots.iter().any(|a| matches!(a,
+                RebootAction::Wait { node, why } if node == "n2" && why.contains("1 of 1"))),
+            "{plan:?}"
+        );
+        let n1 = node_obj(&server, "n1");
+        assert!(cordoned(&n1), "{n1}");
+        assert_eq!(annotation(&n1, REBOOT_ANNOTATION), CORDONED_BY_KROCE);
+        assert!(
+            server.get(CORE, "pods", "team-a", "web").is_none(),
+            "evicted"
+        );
+        assert!(
+            server
+                .get(CORE, "pods", "kroce-system", "kroce-node-x")
+                .is_some(),
+            "DaemonSet pod kept"
+        );
+        assert!(!cordoned(&node_obj(&server, "n2")));
+        assert_eq!(request(&server, "n1"), Value::Null, "not before drained");
+
+        // Nothing left: the agent is asked to leave n1's current boot.
+        step_at(&fresh(&ctx, &server), &on, NOW + 15).await.unwrap();
+        assert_eq!(request(&server, "n1"), "n1-boot-1");
+        assert_eq!(events(&server, "RebootRequested"), 1);
+        // Asked: waiting, not asked again.
+        step_at(&fresh(&ctx, &server), &on, NOW + 30).await.unwrap();
+        assert_eq!(events(&server, "RebootRequested"), 1);
+
+        // The host rebooted; the agent reports the mode live: n1 is
+        // uncordoned and unmarked, and n2's turn comes in the same round.
+        server.edit(CORE, "nodes", "", "n1", |o| {
+            o["status"]["nodeInfo"]["bootID"] = "n1-boot-2".into();
+        });
+        server.edit(KROCE, "rdmanodestates", "", "n1", |o| {
+            o["status"]["conditions"][0]["status"] = "False".into();
+            o["status"]["conditions"][0]["reason"] = "Applied".into();
+        });
+        step_at(&fresh(&ctx, &server), &on, NOW + 45).await.unwrap();
+        let n1 = node_obj(&server, "n1");
+        assert!(!cordoned(&n1), "{n1}");
+        assert_eq!(annotation(&n1, REBOOT_ANNOTATION), Value::Null);
+        assert_eq!(annotation(&n1, REBOOT_STARTED_ANNOTATION), Value::Null);
+        assert_eq!(request(&server, "n1"), Value::Null);
+        let n2 = node_obj(&server, "n2");
+        assert!(cordoned(&n2), "{n2}");
+        // Nothing to evict there: asked at once.
+        assert_eq!(request(&server, "n2"), "n2-boot-1");
+        step_at(&fresh(&ctx, &server), &on, NOW + 60).await.unwrap();
+        let drain =
+            server.get(KROCE, "rdmanetworks", "", "fast").unwrap()["status"]["drain"].clone();
+        assert_eq!(drain["draining"], json!(["n2"]), "{drain}");
+
+        // n2 never comes back with the mode: released at the timeout,
+        // reported, and skipped at this generation.
+        let late = NOW + 45 + 1800;
+        step_at(&fresh(&ctx, &server), &on, late).await.unwrap();
+        let n2 = node_obj(&server, "n2");
+        assert!(!cordoned(&n2), "{n2}");
+        assert_eq!(annotation(&n2, REBOOT_TIMED_OUT_ANNOTATION), "2");
+        assert_eq!(request(&server, "n2"), Value::Null);
+        assert_eq!(events(&server, "RebootTimedOut"), 1);
+        let drain =
+            server.get(KROCE, "rdmanetworks", "", "fast").unwrap()["status"]["drain"].clone();
+        assert_eq!(drain["timedOut"], json!(["n2"]), "{drain}");
+        step_at(&fresh(&ctx, &server), &on, late + 15)
+            .await
+            .unwrap();
+        assert!(!cordoned(&node_obj(&server, "n2")), "not retried");
     }
 }

@@ -336,7 +336,14 @@ mod tests {
             boot_id: b.to_string(),
         };
         // (allowed, requested, boot, required, asked) -> decision
-        type Case<'a> = (bool, Option<&'a str>, &'a str, bool, Option<&'a str>, Decision);
+        type Case<'a> = (
+            bool,
+            Option<&'a str>,
+            &'a str,
+            bool,
+            Option<&'a str>,
+            Decision,
+        );
         let cases: &[Case] = &[
             (true, None, "b1", true, None, Nothing),
             (true, Some("b1"), "b1", true, None, ask("b1")),
