@@ -50,6 +50,12 @@ check serviceMonitor-without-api
 # Eviction is granted only with drainHeldVfs.
 render drain --set operator.drainHeldVfs=true
 check drain --drain
+# Rebooting for the RDMA netns mode: eviction, cluster-wide pods list, the
+# agent's --allow-host-reboot and the reboot marks in the Nodes policy only
+# with rebootForRdmaMode (the default render's policy refuses setting them).
+render reboot --set operator.rebootForRdmaMode=true
+check reboot --reboot
+python3 "$repo/ci/check_perftest_policy.py" "$out/reboot.yaml" kroce-perftest --reboot || fail=1
 # DRA: the plugin container, its mounts, DeviceClasses (CEL evaluated on
 # sample devices), ResourceSlice RBAC and the own-node policy; shared HCAs
 # from the chart's own sharing ConfigMap (examples/values-dra.yaml).

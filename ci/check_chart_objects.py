@@ -9,7 +9,9 @@
 - No service account may create pods in the release namespace (where the
   privileged node DaemonSet runs) or cluster-wide; the operator may create
   pods only in the perftest namespace.
-- pods/eviction is granted only when --drain (operator.drainHeldVfs) is on.
+- pods/eviction is granted only when --drain (operator.drainHeldVfs) or
+  --reboot (operator.rebootForRdmaMode) is on; cluster-wide pods list and
+  the node agent's --allow-host-reboot only with --reboot.
 - No core-group events (only events.k8s.io, which kube's Recorder uses), no
   event verbs beyond create/patch, no `update` on rdmanetworks(/status).
 - ServiceMonitor rendered exactly when --servicemonitor says so.
@@ -27,7 +29,7 @@
   ValidatingAdmissionPolicy; claims get and status patch. The operator may
   write DeviceClasses (for `frontend: dra` networks) in every render.
 
-Usage: check_chart_objects.py FILE --namespace NS [--drain] [--servicemonitor]
+Usage: check_chart_objects.py FILE --namespace NS [--drain] [--reboot] [--servicemonitor]
        [--existing-namespace NS] [--dra [--dra-shared]]
 Exit 1 with one line per violation.
 """
@@ -303,7 +305,8 @@ def check_readme_rbac(perms, a, test_ns, errors):
         errors.append(f"{README}: no <!-- rbac-table --> section")
         return
     scopes = {"cluster": None, "release": a.namespace, "perftest": test_ns}
-    when = {"always": True, "drainHeldVfs": a.drain, "dra": a.dra}
+    when = {"always": True, "drainHeldVfs": a.drain, "dra": a.dra,
+            "rebootForRdmaMode": a.reboot, "drainHeldVfs or rebootForRdmaMode": a.drain or a.reboot}
     documented = set()
     for row in rows:
         if row[0] == "?":
@@ -338,6 +341,7 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--namespace", required=True)
     ap.add_argument("--drain", action="store_true")
+    ap.add_argument("--reboot", action="store_true", help="operator.rebootForRdmaMode")
     ap.add_argument("--servicemonitor", action="store_true")
     ap.add_argument("--existing-namespace", action="append", default=[],
                     help="a namespace the admin creates (operator.createTestNamespace=false)")
@@ -379,6 +383,16 @@ def main():
         drain = [x for x in args if x.startswith("--drain-held-vfs=")]
         if drain != [f"--drain-held-vfs={'true' if a.drain else 'false'}"]:
             errors.append(f"operator: drain flag {drain} does not match drainHeldVfs={a.drain}")
+        reboot = [x for x in args if x.startswith("--reboot-for-rdma-mode=")]
+        if reboot != [f"--reboot-for-rdma-mode={'true' if a.reboot else 'false'}"]:
+            errors.append(f"operator: reboot flag {reboot} does not match rebootForRdmaMode={a.reboot}")
+    agents = [c for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-node")
+              for c in o["spec"]["template"]["spec"]["containers"] if c["name"] == "node-agent"]
+    allow = [c for c in agents if "--allow-host-reboot" in (c.get("args") or [])]
+    if a.reboot and len(allow) != 1:
+        errors.append("rebootForRdmaMode is on but the node agent runs without --allow-host-reboot")
+    if not a.reboot and allow:
+        errors.append("rebootForRdmaMode is off but the node agent runs with --allow-host-reboot")
     if test_ns is not None:
         if test_ns == a.namespace:
             errors.append(f"perftest namespace is the release namespace {test_ns!r}")
@@ -430,10 +444,15 @@ def main():
         errors.append(f"the operator may not read perftest pod logs in {test_ns!r}")
 
     evict = who_can("", "pods/eviction", "create")
-    if a.drain and not evict:
-        errors.append("drainHeldVfs is on but nobody may create pods/eviction")
-    if not a.drain and evict:
-        errors.append(f"drainHeldVfs is off but pods/eviction is granted to {evict}")
+    if (a.drain or a.reboot) and not evict:
+        errors.append("drainHeldVfs or rebootForRdmaMode is on but nobody may create pods/eviction")
+    if not (a.drain or a.reboot) and evict:
+        errors.append(f"drainHeldVfs and rebootForRdmaMode are off but pods/eviction is granted to {evict}")
+    wide_list = [s for s, sc in who_can("", "pods", "list") if sc is None]
+    if a.reboot and not any(s.endswith("-operator") for s in wide_list):
+        errors.append("rebootForRdmaMode is on but the operator may not list pods cluster-wide")
+    if not a.reboot and wide_list:
+        errors.append(f"rebootForRdmaMode is off but pods may be listed cluster-wide by {wide_list}")
 
     for subj, scope, r in perms:
         groups, resources, verbs = r.get("apiGroups", []), r.get("resources", []), set(r.get("verbs", []))

@@ -6,7 +6,8 @@ perftest run must be admitted; pods needing more than baseline plus IPC_LOCK
 must be refused, each by the rule that names why. kroce's own policies
 (kroce_policies.py cases below: the controller's Nodes, attachment
 definitions, DeviceClasses, ConfigMap/Lease creates; the node agent's own
-RdmaNodeState; with --dra the DRA plugin's own ResourceClaims): each write
+RdmaNodeState; with --dra the DRA plugin's own ResourceClaims; with
+--reboot the render has operator.rebootForRdmaMode on): each write
 the code makes is admitted and each write beyond it refused, with the
 policy's message.
 
@@ -15,7 +16,7 @@ present in the object; it has no Kubernetes schema, so a typo in a field
 name shows up as a wrong verdict on the cases below rather than at compile
 time.
 
-Usage: check_perftest_policy.py RENDERED.yaml TEST_NAMESPACE [--dra]
+Usage: check_perftest_policy.py RENDERED.yaml TEST_NAMESPACE [--dra] [--reboot]
 """
 import copy
 import sys
@@ -154,7 +155,8 @@ def main():
             errors.append(f"admits {what}")
         elif not any(word in m for m in got):
             errors.append(f"refuses {what} but not saying {word!r}: {got}")
-    n_cases = check_kroce_policies(objs, test_ns, "--dra" in sys.argv[3:], errors)
+    n_cases = check_kroce_policies(objs, test_ns, "--dra" in sys.argv[3:], errors,
+                                   reboot="--reboot" in sys.argv[3:])
     for e in errors:
         print(f"{rendered}: {e}")
     if not errors:
@@ -338,6 +340,31 @@ def kroce_policy_cases(test_ns):
     ]
 
 
+PENDING = {"kroce.io/rdma-netns-mode-pending": "reboot-required"}
+REBOOT_STARTED = {"kroce.io/reboot": "cordoned", "kroce.io/reboot-started": "2026-12-05T08:00:00Z"}
+REBOOT_TIMED_OUT = {"kroce.io/reboot-timed-out": "2"}
+
+
+def reboot_policy_cases(reboot):
+    """The RDMA netns mode's node label (always) and the reboot's marks
+    (controller/src/reboot.rs): set only with operator.rebootForRdmaMode,
+    removable always (releasing nodes after the flag went off)."""
+    upd_node = request("UPDATE", "nodes", OPERATOR)
+    plain = node(taints=[ADMIN_TAINT])
+    on = lambda word: None if reboot else word
+    return [
+        ("operator-nodes", "netns-mode pending label added", upd_node, node(PENDING, taints=[ADMIN_TAINT]), plain, None, None),
+        ("operator-nodes", "netns-mode pending label removed", upd_node, plain, node(PENDING, taints=[ADMIN_TAINT]), None, None),
+        ("operator-nodes", "netns-mode pending label with another value", upd_node, node({"kroce.io/rdma-netns-mode-pending": "yes"}, taints=[ADMIN_TAINT]), plain, None, "only to"),
+        ("operator-nodes", "reboot start: mark, start time, cordon", upd_node, node(annotations=REBOOT_STARTED, taints=[ADMIN_TAINT], unschedulable=True), plain, None, on("annotation")),
+        ("operator-nodes", "reboot timed out: mark and cordon cleared, record set", upd_node, node(annotations=REBOOT_TIMED_OUT, taints=[ADMIN_TAINT]), node(annotations=REBOOT_STARTED, taints=[ADMIN_TAINT], unschedulable=True), None, on("annotation")),
+        ("operator-nodes", "reboot done: mark and cordon cleared", upd_node, node(annotations={}, taints=[ADMIN_TAINT]), node(annotations=REBOOT_STARTED, taints=[ADMIN_TAINT], unschedulable=True), None, None),
+        ("operator-nodes", "reboot timed-out record forgotten", upd_node, node(annotations={}, taints=[ADMIN_TAINT]), node(annotations=REBOOT_TIMED_OUT, taints=[ADMIN_TAINT]), None, None),
+        ("operator-nodes", "cordon with only the reboot timed-out record", upd_node, node(annotations=REBOOT_TIMED_OUT, taints=[ADMIN_TAINT], unschedulable=True), node(annotations=REBOOT_TIMED_OUT, taints=[ADMIN_TAINT]), None, "cordon"),
+        ("operator-nodes", "reboot mark changed", upd_node, node(annotations={"kroce.io/reboot": "already-cordoned"}, taints=[ADMIN_TAINT]), node(annotations={"kroce.io/reboot": "cordoned"}, taints=[ADMIN_TAINT]), None, on("annotation")),
+    ]
+
+
 def dra_policy_cases():
     upd = lambda n: request("UPDATE", "resourceclaims", NODE_SA, node=n, group="resource.k8s.io", sub="status")
     return [
@@ -349,10 +376,10 @@ def dra_policy_cases():
     ]
 
 
-def check_kroce_policies(objs, test_ns, dra, errors):
+def check_kroce_policies(objs, test_ns, dra, errors, reboot=False):
     policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {o["spec"]["policyName"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
-    cases = kroce_policy_cases(test_ns) + (dra_policy_cases() if dra else [])
+    cases = kroce_policy_cases(test_ns) + reboot_policy_cases(reboot) + (dra_policy_cases() if dra else [])
     for suffix in {c[0] for c in cases}:
         name = f"kroce-{suffix}"
         if name not in policies:

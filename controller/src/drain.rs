@@ -112,7 +112,7 @@ pub struct DrainNode {
 
 impl DrainNode {
     /// Out of service now, for whatever reason.
-    fn unavailable(&self) -> bool {
+    pub(crate) fn unavailable(&self) -> bool {
         self.unschedulable || self.not_ready || self.mark.is_some()
     }
 }
@@ -196,6 +196,9 @@ pub struct DrainPlan {
     pub unavailable: usize,
     /// The global budget resolved against the nodes with a state.
     pub limit: usize,
+    /// The reboots of this round (`--reboot-for-rdma-mode`, [`crate::reboot`]),
+    /// planned after the drains within the same budget.
+    pub reboots: Vec<crate::reboot::RebootAction>,
 }
 
 /// A `namespace/name` a Eviction can be addressed to (DNS-1123 names).
@@ -261,20 +264,20 @@ pub fn networks_of(s: &RdmaNodeState) -> Vec<String> {
 
 /// A budget's scope: every node with a state, or the nodes carrying a network.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Scope {
+pub(crate) enum Scope {
     Global,
     Network(String),
 }
 
 /// Each scope's room: its resolved limit and how many of its nodes are
 /// unavailable, kept current as the round's decisions land.
-struct Budgets {
+pub(crate) struct Budgets {
     limit: BTreeMap<Scope, usize>,
     used: BTreeMap<Scope, usize>,
 }
 
 impl Budgets {
-    fn new(nodes: &[&DrainNode], policy: &DrainPolicy) -> Budgets {
+    pub(crate) fn new(nodes: &[&DrainNode], policy: &DrainPolicy) -> Budgets {
         let mut members: BTreeMap<Scope, usize> = BTreeMap::new();
         let mut used: BTreeMap<Scope, usize> = BTreeMap::new();
         for n in nodes.iter().filter(|n| n.state.is_some()) {
@@ -300,20 +303,20 @@ impl Budgets {
         Budgets { limit, used }
     }
 
-    fn used(&self, s: &Scope) -> usize {
+    pub(crate) fn used(&self, s: &Scope) -> usize {
         self.used.get(s).copied().unwrap_or(0)
     }
 
-    fn limit(&self, s: &Scope) -> usize {
+    pub(crate) fn limit(&self, s: &Scope) -> usize {
         self.limit.get(s).copied().unwrap_or(usize::MAX)
     }
 
     /// The first scope in `governing` with no room for one more node.
-    fn full<'a>(&self, governing: &'a [Scope]) -> Option<&'a Scope> {
+    pub(crate) fn full<'a>(&self, governing: &'a [Scope]) -> Option<&'a Scope> {
         governing.iter().find(|s| self.used(s) >= self.limit(s))
     }
 
-    fn add(&mut self, n: &DrainNode, policy: &DrainPolicy, delta: isize) {
+    pub(crate) fn add(&mut self, n: &DrainNode, policy: &DrainPolicy, delta: isize) {
         // Only nodes with a state are in any scope (see `new`).
         if n.state.is_none() {
             return;
@@ -340,7 +343,7 @@ fn scopes_of(n: &DrainNode, policy: &DrainPolicy) -> Vec<Scope> {
 
 /// The budgets a node needing a drain must fit in: the overrides of the
 /// networks that need it, else the global one.
-fn governing(n: &DrainNode, policy: &DrainPolicy) -> Vec<Scope> {
+pub(crate) fn governing(n: &DrainNode, policy: &DrainPolicy) -> Vec<Scope> {
     let own: Vec<Scope> = n
         .state
         .iter()
@@ -355,7 +358,7 @@ fn governing(n: &DrainNode, policy: &DrainPolicy) -> Vec<Scope> {
     }
 }
 
-fn scope_text(s: &Scope, policy: &DrainPolicy) -> String {
+pub(crate) fn scope_text(s: &Scope, policy: &DrainPolicy) -> String {
     match s {
         Scope::Global => format!("--drain-max-unavailable={}", policy.max_unavailable),
         Scope::Network(n) => format!(
@@ -570,6 +573,7 @@ pub fn plan_drain(nodes: &[DrainNode], policy: &DrainPolicy, now: i64) -> DrainP
         status,
         unavailable: budgets.used(&Scope::Global),
         limit: budgets.limit(&Scope::Global),
+        reboots: Vec::new(),
     }
 }
 
@@ -632,6 +636,9 @@ pub struct DrainSettings {
     pub max_unavailable: MaxUnavailable,
     /// `--drain-timeout-seconds`.
     pub timeout: Duration,
+    /// `--reboot-for-rdma-mode`: drain and reboot nodes whose RDMA netns
+    /// mode only a reboot applies, within the same budget and timeout.
+    pub reboot: bool,
 }
 
 impl Default for DrainSettings {
@@ -640,6 +647,7 @@ impl Default for DrainSettings {
             enabled: false,
             max_unavailable: MaxUnavailable::default(),
             timeout: DEFAULT_DRAIN_TIMEOUT,
+            reboot: false,
         }
     }
 }
@@ -654,7 +662,13 @@ impl DrainSettings {
     }
 }
 
-async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
+pub(crate) async fn node_event(
+    ctx: &Context,
+    node: &Node,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     // One-offs: the recorder would hold every one of a fleet rollout's
     // events for minutes to count repeats that never come.
     ctx.event_once(&node.object_ref(&()), type_, reason, reason, note)
@@ -663,7 +677,11 @@ async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, 
 
 /// Evicts each pod; gone already is fine, a PodDisruptionBudget refusal
 /// (429) waits for the next round. Returns one line per pod.
-async fn evict(ctx: &Context, pods: &[String], errors: &mut Vec<kube::Error>) -> Vec<String> {
+pub(crate) async fn evict(
+    ctx: &Context,
+    pods: &[String],
+    errors: &mut Vec<kube::Error>,
+) -> Vec<String> {
     let mut out = Vec::new();
     for p in pods {
         let Some((ns, name)) = parse_pod_ref(p) else {
@@ -682,7 +700,7 @@ async fn evict(ctx: &Context, pods: &[String], errors: &mut Vec<kube::Error>) ->
     out
 }
 
-fn rfc3339(unix: i64) -> String {
+pub(crate) fn rfc3339(unix: i64) -> String {
     k8s_openapi::jiff::Timestamp::from_second(unix)
         .map(|t| t.to_string())
         .unwrap_or_default()
@@ -742,7 +760,22 @@ pub async fn step_at(
         .map(|n| drain_node(n, states.get(&n.name_any()).map(|s| s.as_ref())))
         .collect();
     let policy = policy_of(settings, &networks);
-    let plan = plan_drain(&views, &policy, now);
+    let mut plan = plan_drain(&views, &policy, now);
+    // Reboots after drains, in the same budget: the drain's starts of this
+    // round count, and a node kroce drains for held VFs is not rebooted.
+    let drain_started: BTreeSet<String> = plan
+        .actions
+        .iter()
+        .filter(|a| matches!(a, DrainAction::Start { .. }))
+        .map(|a| a.node().to_string())
+        .collect();
+    let reboot_views: Vec<crate::reboot::RebootNode> = nodes
+        .iter()
+        .map(|n| crate::reboot::RebootNode::of(n, states.get(&n.name_any()).map(|s| s.as_ref())))
+        .collect();
+    let reboot_plan =
+        crate::reboot::plan_reboot(&reboot_views, settings.reboot, &policy, &drain_started, now);
+    crate::reboot::merge_status(&mut plan.status, reboot_plan.status.clone());
     let by_name: BTreeMap<String, &std::sync::Arc<Node>> =
         nodes.iter().map(|n| (n.name_any(), n)).collect();
     let api: Api<Node> = Api::all(ctx.client.clone());
@@ -906,6 +939,16 @@ pub async fn step_at(
             }
         }
     }
+    crate::reboot::act(
+        ctx,
+        &reboot_plan,
+        &by_name,
+        settings.timeout,
+        now,
+        &mut errors,
+    )
+    .await;
+    plan.reboots = reboot_plan.actions;
     write_status(ctx, &networks, &plan.status, &mut errors).await;
     match errors.into_iter().next() {
         Some(e) => Err(e.into()),
@@ -937,6 +980,14 @@ pub async fn run(ctx: Context, settings: DrainSettings) -> anyhow::Result<()> {
                         tracing::info!(action = ?a, "drain");
                     }
                 }
+                for a in &plan.reboots {
+                    match a {
+                        crate::reboot::RebootAction::Wait { node, why } => {
+                            tracing::debug!(%node, %why, "not rebooting");
+                        }
+                        a => tracing::info!(action = ?a, "reboot for the RDMA netns mode"),
+                    }
+                }
                 if waiting > 0 {
                     tracing::info!(
                         waiting,
@@ -951,7 +1002,7 @@ pub async fn run(ctx: Context, settings: DrainSettings) -> anyhow::Result<()> {
                 ctx.metrics.failed("Drain");
             }
         }
-        if !settings.enabled {
+        if !settings.enabled && !settings.reboot {
             std::future::pending::<()>().await;
         }
         tokio::time::sleep(DRAIN_INTERVAL).await;

@@ -15,6 +15,7 @@ pub mod drain;
 pub mod leader;
 pub mod metrics;
 pub mod node;
+pub mod reboot;
 pub mod stores;
 mod sync;
 pub mod wake;

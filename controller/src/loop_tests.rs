@@ -286,3 +286,54 @@ async fn one_networks_admission_entry_wakes_only_that_network() {
     // net3, and net3 again when it writes its entry back.
     assert!((1..=2).contains(&woken), "{woken} network reconciles");
 }
+
+/// Issue 22: the node loop mirrors the agent's `RdmaNetnsModePending` /
+/// `RebootRequired` as the node label, writes it only when it changes, and
+/// removes it when the condition clears.
+#[tokio::test]
+async fn the_netns_mode_pending_label_follows_the_agents_condition() {
+    use kroce_operator::names::{NETNS_MODE_PENDING_LABEL, NETNS_MODE_PENDING_VALUE};
+    let (client, server) = ApiServer::start();
+    cluster(&server, 2, 1);
+    let ctx = ctx(client, &server);
+    node_pass(&ctx, &server).await;
+    let label = |n: &str| {
+        server.get(CORE, "nodes", "", n).unwrap()["metadata"]["labels"]
+            .get(NETNS_MODE_PENDING_LABEL)
+            .cloned()
+    };
+    assert_eq!(label("n0"), None);
+    let condition = |status: &str, reason: &str| {
+        json!([{"type": "RdmaNetnsModePending", "status": status, "reason": reason,
+                "message": "the kernel refuses (EBUSY)"}])
+    };
+    server.edit(KROCE, "rdmanodestates", "", "n0", |o| {
+        o["status"]["conditions"] = condition("True", "RebootRequired");
+    });
+    // Pending, but for another reason: no label.
+    server.edit(KROCE, "rdmanodestates", "", "n1", |o| {
+        o["status"]["conditions"] = condition("True", "Unreadable");
+    });
+    node_pass(&ctx, &server).await;
+    assert_eq!(label("n0"), Some(json!(NETNS_MODE_PENDING_VALUE)));
+    assert_eq!(label("n1"), None);
+    assert_eq!(
+        server.get(CORE, "nodes", "", "n0").unwrap()["metadata"]["labels"]["rdma"],
+        "yes",
+        "other labels kept"
+    );
+    // Steady state: no Node write.
+    let from = server.calls().len();
+    node_pass(&ctx, &server).await;
+    assert!(
+        !writes(&server, from).iter().any(|w| w.contains("/nodes/")),
+        "{:?}",
+        writes(&server, from)
+    );
+    // The mode went live: the label goes.
+    server.edit(KROCE, "rdmanodestates", "", "n0", |o| {
+        o["status"]["conditions"] = condition("False", "Applied");
+    });
+    node_pass(&ctx, &server).await;
+    assert_eq!(label("n0"), None);
+}

@@ -80,6 +80,17 @@ enum Cmd {
         /// until its spec changes.
         #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(60..=604_800))]
         drain_timeout_seconds: u64,
+        /// Reboot nodes whose RDMA netns mode (RdmaNetwork spec.rdmaNetnsMode)
+        /// only a reboot applies: within the drain's budget, cordon and
+        /// drain the node (every pod but DaemonSet and static ones), ask its
+        /// node agent to reboot the host (the agent needs
+        /// --allow-host-reboot), uncordon once it reports the mode live. A
+        /// node not back with it within --drain-timeout-seconds is released,
+        /// reported (event RebootTimedOut, status.drain) and skipped until
+        /// its spec changes. A reboot is a reboot: off by default.
+        #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
+              num_args = 0..=1, default_missing_value = "true")]
+        reboot_for_rdma_mode: bool,
         #[command(flatten)]
         admission: kroce_controller::admission::AdmissionArgs,
     },
@@ -135,12 +146,14 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             drain_held_vfs,
             drain_max_unavailable,
             drain_timeout_seconds,
+            reboot_for_rdma_mode,
             admission,
         } => {
             let drain_settings = kroce_controller::drain::DrainSettings {
                 enabled: drain_held_vfs,
                 max_unavailable: drain_max_unavailable,
                 timeout: Duration::from_secs(drain_timeout_seconds),
+                reboot: reboot_for_rdma_mode,
             };
             let identity = match (leader_election, leader_identity) {
                 (true, None) => anyhow::bail!(

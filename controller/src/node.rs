@@ -107,6 +107,7 @@ pub async fn reconcile_node(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action
         write_spec(&ctx, &node, state.as_deref(), spec).await?;
     }
     write_configmap_key(&ctx, &np, state.as_deref()).await?;
+    crate::reboot::write_pending_label(&ctx, &node, state.as_deref()).await?;
     Ok(Action::await_change())
 }
 

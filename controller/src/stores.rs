@@ -228,9 +228,22 @@ where
 
 /// What the stores keep of a Node: name, uid and labels are all planning
 /// reads (the kubelet's status, images and managed fields would make a
-/// 5,000-node store hundreds of MiB).
+/// 5,000-node store hundreds of MiB). Of the status only the boot id stays:
+/// the reboot for the RDMA netns mode tells a reboot happened by it.
 fn strip_node(n: &mut Node) {
-    n.status = None;
+    let boot_id = n
+        .status
+        .take()
+        .and_then(|s| s.node_info)
+        .map(|i| i.boot_id)
+        .filter(|b| !b.is_empty());
+    n.status = boot_id.map(|boot_id| k8s_openapi::api::core::v1::NodeStatus {
+        node_info: Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+            boot_id,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
     n.metadata.managed_fields = None;
     n.metadata.annotations = n.metadata.annotations.take().map(|mut a| {
         a.retain(|k, _| k.starts_with("kroce.io/"));

@@ -925,6 +925,7 @@ async fn the_agent_loop_applies_its_node_state_and_reports_to_the_real_server() 
         dcb: Arc::new(FakeDcb::default()),
         record: Arc::new(MemPfRecord::default()),
         netns_mode: Arc::new(kroce_node_agent::netns_mode::fake::FakeNetnsMode::default()),
+        reboot: None,
         pod_resources: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

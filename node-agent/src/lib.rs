@@ -16,6 +16,7 @@ pub mod netns_mode;
 pub mod node_checks;
 pub mod pf_record;
 pub mod pod_resources;
+pub mod reboot;
 pub mod run;
 pub mod soft;
 pub mod state_metrics;

@@ -179,6 +179,13 @@ enum Cmd {
         listen: SocketAddr,
         #[command(flatten)]
         checks: kroce_node_agent::node_checks::NodeCheckArgs,
+        /// Reboot the host when the controller asks (`--reboot-for-rdma-mode`:
+        /// the node drained, its RDMA netns mode applying only at boot), via
+        /// the host's `systemctl reboot` in PID 1's namespaces (needs
+        /// hostPID). At most once per boot. Off: such requests are refused
+        /// and reported.
+        #[arg(long)]
+        allow_host_reboot: bool,
     },
     /// Run the RoCE checks an engineer runs by hand against a host root and
     /// print a table (or --json); exit 1 when any check fails.
@@ -361,6 +368,7 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
             irq_recheck_seconds,
             listen,
             checks,
+            allow_host_reboot,
         } => {
             let client = kube::Client::try_default()
                 .await
@@ -408,9 +416,24 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                 });
             let record = Arc::new(host.record());
             let netns_mode = Arc::new(host.netns_mode());
-            let r =
-                kroce_node_agent::run::run(client, cfg, record, netns_mode, pod_resources, metrics)
-                    .await;
+            // Without the flag there is no reboot edge at all.
+            let reboot: Option<Arc<dyn kroce_node_agent::reboot::HostReboot>> = allow_host_reboot
+                .then(|| {
+                    Arc::new(kroce_node_agent::reboot::SystemdReboot {
+                        proc_root: cfg.agent.root.proc().to_path_buf(),
+                        state_dir: host.state_dir(),
+                    }) as _
+                });
+            let r = kroce_node_agent::run::run(
+                client,
+                cfg,
+                record,
+                netns_mode,
+                reboot,
+                pod_resources,
+                metrics,
+            )
+            .await;
             health
                 .failed
                 .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -26,10 +26,11 @@ use std::path::{Path, PathBuf};
 pub const MODPROBE_FILE: &str = "kroce-rdma-netns-mode.conf";
 /// The host's modprobe.d, under the host root when not given.
 pub const DEFAULT_MODPROBE_DIR: &str = "/etc/modprobe.d";
-/// The node condition: True while the live mode differs from the one asked.
-pub const PENDING_CONDITION: &str = "RdmaNetnsModePending";
+/// The node condition: True while the live mode differs from the one asked
+/// (the controller reads it too: defined in `kroce_operator::names`).
+pub use kroce_operator::names::NETNS_MODE_PENDING_CONDITION as PENDING_CONDITION;
 /// Its reason when only a reboot can apply the mode.
-pub const REBOOT_REQUIRED: &str = "RebootRequired";
+pub use kroce_operator::names::NETNS_MODE_REBOOT_REQUIRED as REBOOT_REQUIRED;
 /// The Degraded reason of networks disagreeing on one node.
 pub const CONFLICT_REASON: &str = "RdmaNetnsModeConflict";
 

@@ -169,6 +169,8 @@ pub struct HostEdges {
     pub dcb: Arc<dyn Dcb>,
     pub record: Arc<dyn PfRecord>,
     pub netns_mode: Arc<dyn crate::netns_mode::NetnsModeHost>,
+    /// `None` without `--allow-host-reboot`: the agent never reboots.
+    pub reboot: Option<Arc<dyn crate::reboot::HostReboot>>,
     /// `None`: no kubelet PodResources (its socket not configured).
     pub pod_resources: Option<Arc<dyn PodResourcesSource>>,
 }
@@ -186,6 +188,7 @@ pub async fn run(
     cfg: RunConfig,
     record: Arc<dyn PfRecord>,
     netns_mode: Arc<dyn crate::netns_mode::NetnsModeHost>,
+    reboot: Option<Arc<dyn crate::reboot::HostReboot>>,
     pod_resources: Option<Arc<dyn PodResourcesSource>>,
     metrics: AgentMetrics,
 ) -> anyhow::Result<()> {
@@ -198,6 +201,7 @@ pub async fn run(
         dcb: Arc::new(NetlinkDcb::new(route_socket()?)),
         record,
         netns_mode,
+        reboot,
         pod_resources,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -216,9 +220,10 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// `(metadata.uid, metadata.generation)`: which object, which spec (the API
-/// server bumps the generation on spec changes only).
-type SpecKey = (Option<String>, Option<i64>);
+/// `(metadata.uid, metadata.generation, reboot request)`: which object,
+/// which spec (the API server bumps the generation on spec changes only),
+/// and the controller's reboot request (an annotation: no generation bump).
+type SpecKey = (Option<String>, Option<i64>, Option<String>);
 
 /// What the watch of this node's `RdmaNodeState` wakes the loop for: an
 /// object or spec other than the one the loop last read (shared: the loop
@@ -232,7 +237,11 @@ struct SpecWatch {
 
 impl SpecWatch {
     fn key(o: &RdmaNodeState) -> SpecKey {
-        (o.metadata.uid.clone(), o.metadata.generation)
+        (
+            o.metadata.uid.clone(),
+            o.metadata.generation,
+            crate::reboot::requested(o).map(str::to_string),
+        )
     }
 
     /// The loop read this object (`None`: there is none).
@@ -392,6 +401,7 @@ pub async fn run_with(
         dcb,
         record,
         netns_mode,
+        reboot,
         pod_resources,
     } = edges;
     let agent_cfg = Arc::new(cfg.agent.clone());
@@ -545,6 +555,34 @@ pub async fn run_with(
         ));
         status.conditions.extend(extra.unwrap_or_default());
         status.conditions.extend(kept);
+        // The controller's reboot request (--reboot-for-rdma-mode), on what
+        // this pass found: asked at most once per boot.
+        let requested = crate::reboot::requested(&state).map(str::to_string);
+        let required = crate::reboot::reboot_required(&status.conditions);
+        if requested.is_some() && required {
+            let host = reboot.clone();
+            let r = requested.clone();
+            let asked = tokio::task::spawn_blocking(move || {
+                crate::reboot::act(host.as_deref(), r.as_deref(), required)
+            })
+            .await?;
+            if let Some(boot) = &asked.asked {
+                tracing::warn!(node = %cfg.node_name, boot = %boot, "asked the host to reboot (RDMA netns mode)");
+                metrics.changes.inc();
+            }
+            if let Some(note) = &asked.note {
+                if asked.asked.is_none() {
+                    tracing::info!(node = %cfg.node_name, "reboot request: {note}");
+                }
+                if let Some(c) = status
+                    .conditions
+                    .iter_mut()
+                    .find(|c| c.type_ == crate::netns_mode::PENDING_CONDITION)
+                {
+                    c.message = format!("{}; {note}", c.message);
+                }
+            }
+        }
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         stamp_transitions(&prev.conditions, &mut status.conditions, &now);
         let heartbeat_due = last.is_none_or(|w| w.at.elapsed() >= cfg.heartbeat);

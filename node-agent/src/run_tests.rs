@@ -184,6 +184,8 @@ struct Setup {
     pod_resources_failures: usize,
     /// Each `sriov_numvfs` write takes [`SLOW_WRITE`] of wall time.
     slow_writes: bool,
+    /// `--allow-host-reboot`, over this fake host.
+    reboot: Option<Arc<crate::reboot::fake::FakeReboot>>,
 }
 
 impl Setup {
@@ -194,6 +196,7 @@ impl Setup {
         checks: false,
         pod_resources_failures: 0,
         slow_writes: false,
+        reboot: None,
     };
 }
 
@@ -271,6 +274,7 @@ impl Harness {
             dcb: rig.dcb.clone(),
             record: rig.record.clone(),
             netns_mode: rig.netns_mode.clone(),
+            reboot: setup.reboot.clone().map(|r| r as _),
             pod_resources: Some(pod_resources.clone()),
         };
         let metrics = AgentMetrics::default();
@@ -1173,6 +1177,77 @@ fn pending_irqs_are_rechecked_and_pinned_once_they_appear() {
         let passes = h.passes();
         sleep(IRQ_RECHECK * 20).await;
         assert_eq!(h.passes(), passes, "nothing pending: no more rechecks");
+        h.stop().await.unwrap();
+    });
+}
+
+/// Issue 22: the controller's reboot request (an annotation on the node
+/// state, naming the boot to leave) reaches the host through the loop: the
+/// host is asked once, not again on later passes nor after it came back in
+/// a new boot with the request still there; the report says so.
+#[test]
+fn a_reboot_request_is_acted_on_once_per_boot_and_only_with_the_flag() {
+    use crate::netns_mode::{PENDING_CONDITION, REBOOT_REQUIRED};
+    use crate::reboot::REBOOT_REQUEST_ANNOTATION;
+    use crate::reboot::fake::FakeReboot;
+    use kroce_operator::crd::{NetnsModeRequest, RdmaNetnsModeSetting};
+    let ask_exclusive = |h: &Harness| {
+        // The host is shared and a pod's netns exists: exclusive can only
+        // come with a reboot.
+        h.rig.netns_mode.state().other_netns = 1;
+        let modes = vec![NetnsModeRequest {
+            network: "fast".into(),
+            mode: RdmaNetnsModeSetting::Exclusive,
+        }];
+        assert!(h.server.update(KROCE, STATES, "", NODE, |o| {
+            o["spec"]["rdmaNetnsModes"] = serde_json::to_value(&modes).unwrap();
+            o["metadata"]["annotations"] = json!({REBOOT_REQUEST_ANNOTATION: "boot-1"});
+        }));
+    };
+    let pending = |h: &Harness| {
+        h.stored_status()
+            .and_then(|s| find(&s.conditions, PENDING_CONDITION).cloned())
+            .filter(|c| c.is_true() && c.reason == REBOOT_REQUIRED)
+    };
+    scenario(move || async move {
+        let host = Arc::new(FakeReboot::new("boot-1"));
+        let mut h = Harness::start_with(
+            Setup {
+                reboot: Some(host.clone()),
+                ..Setup::PLAIN
+            },
+            seed_state,
+        );
+        h.until_reported().await;
+        assert!(host.state().reboots.is_empty(), "nothing asked yet");
+        ask_exclusive(&h);
+        h.until("the host asked to reboot", |_| {
+            !host.state().reboots.is_empty()
+        })
+        .await;
+        h.until("the ask reported", |h| {
+            pending(h).is_some_and(|c| c.message.contains("reboot asked of the host (boot boot-1)"))
+        })
+        .await;
+        // Later passes in the same boot: not asked again.
+        sleep(RESYNC * 3).await;
+        assert_eq!(host.state().reboots, ["boot-1"]);
+        // Back in a new boot, the mode still pending, the request still
+        // naming the old boot: never again.
+        host.boot("boot-2");
+        sleep(RESYNC * 3).await;
+        assert_eq!(host.state().reboots, ["boot-1"]);
+        h.stop().await.unwrap();
+    });
+    // Without --allow-host-reboot: refused, and the report says why.
+    scenario(move || async move {
+        let mut h = Harness::start(RESYNC, seed_state);
+        h.until_reported().await;
+        ask_exclusive(&h);
+        h.until("the refusal reported", |h| {
+            pending(h).is_some_and(|c| c.message.contains("--allow-host-reboot"))
+        })
+        .await;
         h.stop().await.unwrap();
     });
 }

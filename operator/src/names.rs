@@ -34,6 +34,38 @@ pub const DRAIN_STARTED_ANNOTATION: &str = "kroce.io/drain-started";
 /// someone removes the annotation).
 pub const DRAIN_TIMED_OUT_ANNOTATION: &str = "kroce.io/drain-timed-out";
 
+/// The `RdmaNodeState` condition the node agent sets while the host's live
+/// RDMA netns mode differs from the one its networks ask
+/// (`spec.rdmaNetnsMode`).
+pub const NETNS_MODE_PENDING_CONDITION: &str = "RdmaNetnsModePending";
+/// [`NETNS_MODE_PENDING_CONDITION`]'s reason when only a reboot can apply
+/// the mode (the kernel refuses to change it while pods' netns exist).
+pub const NETNS_MODE_REBOOT_REQUIRED: &str = "RebootRequired";
+/// On a Node whose agent reports [`NETNS_MODE_REBOOT_REQUIRED`]: the
+/// controller sets it (to [`NETNS_MODE_PENDING_VALUE`]) and removes it when
+/// the condition clears, so admins can select such nodes.
+pub const NETNS_MODE_PENDING_LABEL: &str = "kroce.io/rdma-netns-mode-pending";
+/// The only value of [`NETNS_MODE_PENDING_LABEL`].
+pub const NETNS_MODE_PENDING_VALUE: &str = "reboot-required";
+
+/// On a Node kroce is rebooting for its RDMA netns mode
+/// (`--reboot-for-rdma-mode`): whether kroce cordoned it (as
+/// [`DRAIN_ANNOTATION`]'s values).
+pub const REBOOT_ANNOTATION: &str = "kroce.io/reboot";
+/// On a Node kroce is rebooting: when it started (RFC 3339), for
+/// `--drain-timeout-seconds`.
+pub const REBOOT_STARTED_ANNOTATION: &str = "kroce.io/reboot-started";
+/// On a Node that did not come back with its RDMA netns mode in time: the
+/// `RdmaNodeState` generation it gave up at. Skipped until that changes
+/// (or someone removes the annotation).
+pub const REBOOT_TIMED_OUT_ANNOTATION: &str = "kroce.io/reboot-timed-out";
+/// On an `RdmaNodeState` (which its agent reads, without Node RBAC): the
+/// controller asks the agent to reboot the host out of this boot (the
+/// Node's `status.nodeInfo.bootID`, the host's
+/// `/proc/sys/kernel/random/boot_id`). Once the host booted again the id
+/// differs, so a request is acted on at most once.
+pub const REBOOT_REQUEST_ANNOTATION: &str = "kroce.io/reboot-boot-id";
+
 /// On admission perftest pods: the run they belong to.
 pub const ADMISSION_RUN_LABEL: &str = "kroce.io/admission-run";
 /// On admission perftest pods: the `RdmaNetwork` under test. Not
@@ -61,6 +93,11 @@ mod tests {
             DRAIN_ANNOTATION,
             DRAIN_STARTED_ANNOTATION,
             DRAIN_TIMED_OUT_ANNOTATION,
+            NETNS_MODE_PENDING_LABEL,
+            REBOOT_ANNOTATION,
+            REBOOT_STARTED_ANNOTATION,
+            REBOOT_TIMED_OUT_ANNOTATION,
+            REBOOT_REQUEST_ANNOTATION,
             ADMISSION_RUN_LABEL,
             ADMISSION_NETWORK_LABEL,
             ADMISSION_ROLE_LABEL,

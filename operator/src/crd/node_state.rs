@@ -227,6 +227,31 @@ impl RdmaNodeState {
                 && st.observed_generation == self.metadata.generation
         })
     }
+
+    /// The agent reports that only a reboot applies the RDMA netns mode its
+    /// networks ask (`RdmaNetnsModePending`, reason `RebootRequired`).
+    pub fn netns_reboot_required(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|st| netns_reboot_required(&st.conditions))
+    }
+
+    /// The agent's report is about the current spec.
+    pub fn reported_current(&self) -> bool {
+        self.status.as_ref().is_some_and(|st| {
+            st.observed_generation.is_some() && st.observed_generation == self.metadata.generation
+        })
+    }
+}
+
+/// Whether `conditions` say only a reboot applies the RDMA netns mode.
+pub fn netns_reboot_required(conditions: &[Condition]) -> bool {
+    use crate::names::{NETNS_MODE_PENDING_CONDITION, NETNS_MODE_REBOOT_REQUIRED};
+    conditions.iter().any(|c| {
+        c.type_ == NETNS_MODE_PENDING_CONDITION
+            && c.is_true()
+            && c.reason == NETNS_MODE_REBOOT_REQUIRED
+    })
 }
 
 /// One network's soft RDMA devices on this node: netdevs that already carry
