@@ -321,6 +321,7 @@ rdma link delete rxe_vf1
 # rxe's name). The kernel deletes it when the macvlan leaves the host netns;
 # kroce-cni makes it again over net1 in the pod and over the macvlan on DEL.
 section "(c) CNI ADD/DEL of an rxe over a plain netdev (kind path)"
+/tmp/modprobe macvlan || echo "modprobe macvlan failed"
 ip link add kmv0 link "$pf" type macvlan mode bridge
 ip link set kmv0 up
 mv_mac=$(cat /sys/class/net/kmv0/address)
