@@ -42,12 +42,11 @@ impl StatusSink for StatusPath {
     /// the plugin connects before kroce-cni's first ADD made it.
     fn write(&self, status: &StatusFile) -> Result<(), StatusError> {
         let path = &self.0;
-        let bytes = kroce_contracts::nri_status::to_bytes(status).map_err(|source| {
-            StatusError::Json {
+        let bytes =
+            kroce_contracts::nri_status::to_bytes(status).map_err(|source| StatusError::Json {
                 path: path.clone(),
                 source,
-            }
-        })?;
+            })?;
         kroce_cni::state::write_atomic(path, &bytes).map_err(|source| StatusError::Io {
             path: path.clone(),
             source,
