@@ -3,7 +3,7 @@
 //! A value one component writes and another reads (a memlock size in a CRD,
 //! a disruption budget, the MTU and VLAN ranges, a pool config, a CNI config and an annotation; annotation names; the
 //! memlock request file; device-info files and the device facts a pod reads
-//! from its env; the DRA driver's name and claim env; kroce-nri's status file and the
+//! from its env; the DRA driver's name, claim env and checkpoint; kroce-nri's status file and the
 //! NRI reachability check; default paths; resource names; what `--log-level` means) lives here, so the
 //! writer and every reader share one parser and cannot drift.
 
@@ -12,6 +12,7 @@ pub mod cni_env;
 pub mod device_facts;
 pub mod device_info;
 pub mod dra;
+pub mod dra_checkpoint;
 pub mod link_limits;
 pub mod log;
 pub mod max_unavailable;
