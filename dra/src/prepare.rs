@@ -268,8 +268,7 @@ pub fn plan(
         cdi_devices.push(cdi_device(claim, name, c, paths));
         if let Some(di) = crate::sharing::device_info_of(name, c) {
             let path = devinfo_file(paths, &claim.uid, name);
-            let bytes = encode(&path, &di)?;
-            writes.push((path, bytes));
+            writes.push((path, di.to_bytes()));
         }
         if let Some(m) = cfg.memlock {
             memlocks.insert(
