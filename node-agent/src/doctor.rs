@@ -1,4 +1,4 @@
-//! `kroce-operator doctor`: gathers what `kroce_admission::doctor` needs
+//! `kroce-node-agent doctor`: gathers what `kroce_admission::doctor` needs
 //! from a host root and the running kernel, runs its checks, and adds the
 //! NRI reachability check (`kroce_contracts::nri_reachability`). Thin on purpose: the checks live
 //! in `kroce-admission`; the node agent reuses the same gathering for its
@@ -332,7 +332,7 @@ fn memlock_bytes(s: &str) -> Result<u64, kroce_contracts::MemlockError> {
         .map(kroce_contracts::Memlock::rlimit_value)
 }
 
-/// `kroce-operator doctor` flags (the host root flags come from the caller).
+/// `kroce-node-agent doctor` flags (the host root flags come from the caller).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DoctorArgs {
     /// Print JSON instead of a table.
@@ -390,7 +390,7 @@ impl DoctorArgs {
     }
 }
 
-/// Everything `kroce-operator doctor` takes.
+/// Everything `kroce-node-agent doctor` takes.
 #[derive(Debug, Clone)]
 pub struct DoctorConfig {
     pub root: HostRoot,
