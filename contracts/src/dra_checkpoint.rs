@@ -17,6 +17,7 @@
 //! Unknown fields are ignored, so a writer may add some without a new
 //! version.
 
+use crate::mac::Mac;
 use crate::memlock::Memlock;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -85,9 +86,9 @@ pub struct ClaimConfig {
     /// The netdev's name in the pod (kernel rules, not `lo`/`eth0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface_name: Option<String>,
-    /// A unicast MAC, lower-case `aa:bb:cc:dd:ee:ff`.
+    /// A unicast MAC (written lower-case `aa:bb:cc:dd:ee:ff`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mac: Option<String>,
+    pub mac: Option<Mac>,
     /// `Some(false)`: the VF is not moved into the pod (char devices only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach: Option<bool>,

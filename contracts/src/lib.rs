@@ -4,7 +4,7 @@
 //! a disruption budget, the MTU and VLAN ranges, a pool config, a CNI config and an annotation; annotation names; the
 //! memlock request file; device-info files and the device facts a pod reads
 //! from its env; the DRA driver's name, claim env and checkpoint; kroce-nri's status file and the
-//! NRI reachability check; default paths; resource names; what `--log-level` means) lives here, so the
+//! NRI reachability check; the MAC grammar; default paths; resource names; what `--log-level` means) lives here, so the
 //! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
@@ -15,6 +15,7 @@ pub mod dra;
 pub mod dra_checkpoint;
 pub mod link_limits;
 pub mod log;
+pub mod mac;
 pub mod max_unavailable;
 pub mod memlock;
 pub mod memlock_file;

@@ -68,6 +68,7 @@ const MAX_VLAN: u64 = link_limits::VLAN_MAX as u64;
 /// The effective configuration is kept in the checkpoint, so its shape is
 /// the checkpoint contract's.
 pub use kroce_contracts::dra_checkpoint::{ClaimConfig, NetnsMode};
+use kroce_contracts::mac::Mac;
 
 /// Where an opaque entry came from (the allocation's `source`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -150,29 +151,9 @@ fn uint(
     }
 }
 
-/// `aa:bb:cc:dd:ee:ff` (either case), not multicast, not all zeros;
-/// returned lower-case.
-fn unicast_mac(v: &Value) -> Result<String, String> {
-    let s = v.as_str().ok_or("expected a string")?;
-    let bytes: Vec<u8> = s
-        .split(':')
-        .map(|p| {
-            if p.len() == 2 {
-                u8::from_str_radix(p, 16).ok()
-            } else {
-                None
-            }
-        })
-        .collect::<Option<Vec<u8>>>()
-        .filter(|b| b.len() == 6)
-        .ok_or("expected six hex bytes separated by ':'")?;
-    if bytes[0] & 1 == 1 {
-        return Err("a multicast address cannot name one interface".into());
-    }
-    if bytes.iter().all(|b| *b == 0) {
-        return Err("all zeros is not an address".into());
-    }
-    Ok(s.to_ascii_lowercase())
+/// A unicast MAC (the one grammar, [`kroce_contracts::mac`]).
+fn unicast_mac(v: &Value) -> Result<Mac, String> {
+    Mac::parse_unicast(v.as_str().ok_or("expected a string")?)
 }
 
 /// One entry, parsed: its fields, and (a class's) `allowClaimOverrides`.
@@ -460,7 +441,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(n.interface_name.as_deref(), Some("rdma0"));
-        assert_eq!(n.mac.as_deref(), Some("02:aa:bb:cc:dd:01"));
+        assert_eq!(
+            n.mac.map(|m| m.to_string()).as_deref(),
+            Some("02:aa:bb:cc:dd:01")
+        );
         assert_eq!(n.attach, Some(false));
     }
 

@@ -101,7 +101,7 @@ pub fn attach_request(
                 interface_name: d.config.interface_name.clone(),
                 vlan: d.config.vlan,
                 mtu: d.config.mtu,
-                mac: d.config.mac.clone(),
+                mac: d.config.mac,
                 rdma: d.config.rdma_netns_mode.map(|m| m == NetnsMode::Exclusive),
                 ipam: d.config.ipam.clone(),
             }
@@ -381,7 +381,7 @@ mod tests {
             mtu: Some(9000),
             ipam: Some(json!({"type": "host-local"})),
             rdma_netns_mode: Some(NetnsMode::Exclusive),
-            mac: Some("02:00:00:00:00:01".into()),
+            mac: Some("02:00:00:00:00:01".parse().unwrap()),
             ..Default::default()
         };
         let r = attach_request(
@@ -399,7 +399,10 @@ mod tests {
         assert_eq!(d.netdev.as_deref(), Some("ens1f0v0"));
         assert_eq!(d.rdma_device.as_deref(), Some("mlx5_2"));
         assert_eq!((d.vlan, d.mtu, d.rdma), (Some(100), Some(9000), Some(true)));
-        assert_eq!(d.mac.as_deref(), Some("02:00:00:00:00:01"));
+        assert_eq!(
+            d.mac.map(|m| m.to_string()).as_deref(),
+            Some("02:00:00:00:00:01")
+        );
         assert_eq!(d.interface_name, None);
         assert_eq!(d.pool, "node-a");
     }
@@ -479,7 +482,7 @@ mod tests {
                 pool: "node-a".into(),
                 interface_name: "net1".into(),
                 ips: vec!["10.56.0.2/16".into()],
-                hardware_address: Some("02:00:00:00:00:01".into()),
+                hardware_address: Some("02:00:00:00:00:01".parse().unwrap()),
             }],
         };
         let b = status_apply_body(&r);
