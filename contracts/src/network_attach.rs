@@ -27,6 +27,7 @@
 
 use crate::mac::Mac;
 use serde::{Deserialize, Serialize};
+use sriov_helpers::PciAddress;
 use std::path::{Path, PathBuf};
 
 /// The subdirectory of kroce-cni's state dir.
@@ -56,7 +57,7 @@ pub struct DeviceAttach {
     pub pool: String,
     /// The first request it was allocated for.
     pub request: String,
-    pub pci_address: String,
+    pub pci_address: PciAddress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netdev: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,7 +250,7 @@ mod tests {
                 device: "vf-0000-3b-00-2".into(),
                 pool: "n".into(),
                 request: "vf".into(),
-                pci_address: "0000:3b:00.2".into(),
+                pci_address: PciAddress::new(0, 0x3b, 0, 2),
                 netdev: Some("ens1f0v0".into()),
                 rdma_device: None,
                 interface_name: None,
@@ -275,6 +276,7 @@ mod tests {
         let request = r#"{"version":1,"claimUid":"u","claimNamespace":"ns","claimName":"c","podUids":["p"],"devices":[{"device":"vf-0000-3b-00-2","pool":"n","request":"vf","pciAddress":"0000:3b:00.2","netdev":"ens1f0v0","interfaceName":"net1","vlan":100,"mtu":9000,"mac":"02:00:00:00:00:0a","rdma":true,"ipam":{"type":"host-local"}}]}"#;
         let r: AttachRequest = serde_json::from_str(request).unwrap();
         assert_eq!(r.devices[0].mac, Some(Mac([2, 0, 0, 0, 0, 0x0a])));
+        assert_eq!(r.devices[0].pci_address, PciAddress::new(0, 0x3b, 0, 2));
         assert_eq!(serde_json::to_string(&r).unwrap(), request);
         let result = r#"{"version":1,"claimUid":"u","claimNamespace":"ns","claimName":"c","podUid":"p","sandboxId":"s","netns":"/var/run/netns/cni-1","devices":[{"device":"vf-0000-3b-00-2","pool":"n","interfaceName":"net1","ips":["10.56.0.2/16"],"hardwareAddress":"02:00:00:00:00:0a"}]}"#;
         let r: AttachResult = serde_json::from_str(result).unwrap();
@@ -283,9 +285,12 @@ mod tests {
             Some(Mac([2, 0, 0, 0, 0, 0x0a]))
         );
         assert_eq!(serde_json::to_string(&r).unwrap(), result);
-        // A MAC that is not one is refused, naming it.
+        // A MAC or a PCI address that is not one is refused, naming it.
         let bad = request.replace("02:00:00:00:00:0a", "02:00:00:00:0a");
         let e = serde_json::from_str::<AttachRequest>(&bad).unwrap_err();
         assert!(e.to_string().contains("02:00:00:00:0a"), "{e}");
+        let bad = request.replace("0000:3b:00.2", "../../etc");
+        let e = serde_json::from_str::<AttachRequest>(&bad).unwrap_err();
+        assert!(e.to_string().contains("../../etc"), "{e}");
     }
 }

@@ -187,7 +187,7 @@ pub fn cni_config(a: &Attachment) -> Value {
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK_NAME,
         "type": "kroce-cni",
-        "deviceID": d.pci_address,
+        "deviceID": d.pci_address.to_string(),
     });
     if let Some(v) = d.vlan {
         c["vlan"] = json!(v);
@@ -674,7 +674,7 @@ mod tests {
             device: name.into(),
             pool: "node-a".into(),
             request: "vf".into(),
-            pci_address: "0000:3b:00.2".into(),
+            pci_address: "0000:3b:00.2".parse().unwrap(),
             netdev: Some("ens1f0v0".into()),
             rdma_device: Some("mlx5_2".into()),
             interface_name: ifname.map(str::to_string),
