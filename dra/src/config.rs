@@ -488,6 +488,11 @@ mod tests {
                 json!({"mac": "02:00:00:00:01"}),
                 "field mac: \"02:00:00:00:01\" is invalid: expected six hex bytes",
             ),
+            // u8::from_str_radix takes a sign: the old parser let it in.
+            (
+                json!({"mac": "+2:00:00:00:00:01"}),
+                "field mac: \"+2:00:00:00:00:01\" is invalid: expected six hex bytes",
+            ),
             (
                 json!({"attach": "yes"}),
                 "field attach: \"yes\" is invalid: expected true or false",
