@@ -5,60 +5,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-/// An Ethernet MAC address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Mac(pub [u8; 6]);
-
-impl Mac {
-    pub const ZERO: Mac = Mac([0; 6]);
-
-    pub fn is_multicast(&self) -> bool {
-        self.0[0] & 1 == 1
-    }
-
-    pub fn is_zero(&self) -> bool {
-        self.0 == [0; 6]
-    }
-
-    /// The first 6 bytes of a netlink hardware address attribute.
-    pub fn from_slice(b: &[u8]) -> Option<Mac> {
-        let six: [u8; 6] = b.get(..6)?.try_into().ok()?;
-        Some(Mac(six))
-    }
-}
-
-impl fmt::Display for Mac {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
-    }
-}
-
-impl FromStr for Mac {
-    type Err = String;
-
-    /// `aa:bb:cc:dd:ee:ff`, hex digits in either case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parts: Vec<&str> = s.split(':').collect();
-        if parts.len() != 6 {
-            return Err("expected six ':'-separated hex octets".into());
-        }
-        let mut out = [0u8; 6];
-        for (i, p) in parts.iter().enumerate() {
-            if p.len() != 2 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(format!("octet {} ({p:?}) is not two hex digits", i + 1));
-            }
-            out[i] = u8::from_str_radix(p, 16).map_err(|e| e.to_string())?;
-        }
-        Ok(Mac(out))
-    }
-}
-
-sriov_helpers::serde_via_str!(Mac);
+/// An Ethernet MAC address: the one grammar every kroce component parses.
+pub use kroce_contracts::mac::Mac;
 
 /// An address with its prefix length, `10.1.0.5/24` (host bits kept: this
 /// is an interface address, not only a network).

@@ -290,14 +290,7 @@ impl<'a> Fields<'a> {
 }
 
 fn parse_unicast_mac(s: &str) -> Result<Mac, String> {
-    let m: Mac = s.parse()?;
-    if m.is_multicast() {
-        return Err("is a multicast address".into());
-    }
-    if m.is_zero() {
-        return Err("is all zeros".into());
-    }
-    Ok(m)
+    Mac::parse_unicast(s)
 }
 
 /// A key that once chose a host path (a test seam): refused wherever it

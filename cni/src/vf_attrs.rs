@@ -211,9 +211,3 @@ impl VfState {
         }
     }
 }
-
-impl Default for Mac {
-    fn default() -> Self {
-        Mac::ZERO
-    }
-}

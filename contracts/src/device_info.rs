@@ -50,6 +50,15 @@ impl DeviceInfo {
     }
 }
 
+impl DeviceInfo {
+    /// The file's bytes, as every writer writes them (pretty JSON).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Strings and options only: serializing cannot fail; an empty file
+        // would be refused by every reader.
+        serde_json::to_vec_pretty(self).unwrap_or_default()
+    }
+}
+
 /// The file name for one device of a resource, from the resource's
 /// device-info prefix (`ResourceName::device_info_prefix`, `rdma-vf`).
 pub fn file_name(resource_prefix: &str, device_id: &str) -> String {
@@ -141,6 +150,34 @@ mod tests {
         let v = serde_json::to_value(&bare).unwrap();
         assert_eq!(v["pci"], serde_json::json!({"pci-address": "0000:3b:00.2"}));
         assert_eq!(parse(&serde_json::to_vec(&bare).unwrap()).unwrap(), bare);
+    }
+
+    /// A file as the device plugin wrote it before the writer moved here
+    /// (`serde_json::to_vec_pretty` of its own struct): still read, and
+    /// written again byte for byte.
+    #[test]
+    fn reads_and_writes_the_old_writers_file() {
+        let old = r#"{
+  "type": "pci",
+  "version": "1.1.0",
+  "pci": {
+    "pci-address": "0000:3b:00.2",
+    "pf-pci-address": "0000:3b:00.0",
+    "rdma-device": "mlx5_2"
+  }
+}"#;
+        let info = parse(old.as_bytes()).unwrap();
+        assert_eq!(
+            info,
+            DeviceInfo::pci(
+                "0000:3b:00.2".into(),
+                Some("0000:3b:00.0".into()),
+                Some("mlx5_2".into())
+            )
+        );
+        assert_eq!(String::from_utf8(info.to_bytes()).unwrap(), old);
+        let bare = DeviceInfo::pci("0000:3b:00.0".into(), None, None);
+        assert_eq!(parse(&bare.to_bytes()).unwrap(), bare);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! A value one component writes and another reads (a memlock size in a CRD,
 //! a disruption budget, the MTU and VLAN ranges, a pool config, a CNI config and an annotation; annotation names; the
 //! memlock request file; device-info files and the device facts a pod reads
-//! from its env; the DRA driver's name and claim env; default
-//! paths; resource names; what `--log-level` means) lives here, so the
+//! from its env; the DRA driver's name, claim env and checkpoint; kroce-nri's status file and the
+//! NRI reachability check; the MAC grammar; default paths; resource names; what `--log-level` means) lives here, so the
 //! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
@@ -12,12 +12,16 @@ pub mod cni_env;
 pub mod device_facts;
 pub mod device_info;
 pub mod dra;
+pub mod dra_checkpoint;
 pub mod link_limits;
 pub mod log;
+pub mod mac;
 pub mod max_unavailable;
 pub mod memlock;
 pub mod memlock_file;
 pub mod network_attach;
+pub mod nri_reachability;
+pub mod nri_status;
 pub mod resource_name;
 
 pub use memlock::{Memlock, MemlockError};

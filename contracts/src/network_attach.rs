@@ -25,7 +25,9 @@
 //! Unknown fields are ignored, so a writer may add some without a new
 //! version. The I/O stays with the writers and readers.
 
+use crate::mac::Mac;
 use serde::{Deserialize, Serialize};
+use sriov_helpers::PciAddress;
 use std::path::{Path, PathBuf};
 
 /// The subdirectory of kroce-cni's state dir.
@@ -55,7 +57,7 @@ pub struct DeviceAttach {
     pub pool: String,
     /// The first request it was allocated for.
     pub request: String,
-    pub pci_address: String,
+    pub pci_address: PciAddress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netdev: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,7 +70,7 @@ pub struct DeviceAttach {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mac: Option<String>,
+    pub mac: Option<Mac>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma: Option<bool>,
     /// A CNI IPAM object, given to the IPAM plugin as is.
@@ -99,7 +101,7 @@ pub struct DeviceNetwork {
     #[serde(default)]
     pub ips: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hardware_address: Option<String>,
+    pub hardware_address: Option<Mac>,
 }
 
 /// `<claim uid>.result.json`.
@@ -248,7 +250,7 @@ mod tests {
                 device: "vf-0000-3b-00-2".into(),
                 pool: "n".into(),
                 request: "vf".into(),
-                pci_address: "0000:3b:00.2".into(),
+                pci_address: PciAddress::new(0, 0x3b, 0, 2),
                 netdev: Some("ens1f0v0".into()),
                 rdma_device: None,
                 interface_name: None,
@@ -265,5 +267,30 @@ mod tests {
         assert!(v["devices"][0].get("mtu").is_none());
         let back: AttachRequest = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    /// Files as the DRA plugin and kroce-nri wrote them while the MAC was a
+    /// string: read, typed, and written back byte for byte.
+    #[test]
+    fn old_files_round_trip_with_a_typed_mac() {
+        let request = r#"{"version":1,"claimUid":"u","claimNamespace":"ns","claimName":"c","podUids":["p"],"devices":[{"device":"vf-0000-3b-00-2","pool":"n","request":"vf","pciAddress":"0000:3b:00.2","netdev":"ens1f0v0","interfaceName":"net1","vlan":100,"mtu":9000,"mac":"02:00:00:00:00:0a","rdma":true,"ipam":{"type":"host-local"}}]}"#;
+        let r: AttachRequest = serde_json::from_str(request).unwrap();
+        assert_eq!(r.devices[0].mac, Some(Mac([2, 0, 0, 0, 0, 0x0a])));
+        assert_eq!(r.devices[0].pci_address, PciAddress::new(0, 0x3b, 0, 2));
+        assert_eq!(serde_json::to_string(&r).unwrap(), request);
+        let result = r#"{"version":1,"claimUid":"u","claimNamespace":"ns","claimName":"c","podUid":"p","sandboxId":"s","netns":"/var/run/netns/cni-1","devices":[{"device":"vf-0000-3b-00-2","pool":"n","interfaceName":"net1","ips":["10.56.0.2/16"],"hardwareAddress":"02:00:00:00:00:0a"}]}"#;
+        let r: AttachResult = serde_json::from_str(result).unwrap();
+        assert_eq!(
+            r.devices[0].hardware_address,
+            Some(Mac([2, 0, 0, 0, 0, 0x0a]))
+        );
+        assert_eq!(serde_json::to_string(&r).unwrap(), result);
+        // A MAC or a PCI address that is not one is refused, naming it.
+        let bad = request.replace("02:00:00:00:00:0a", "02:00:00:00:0a");
+        let e = serde_json::from_str::<AttachRequest>(&bad).unwrap_err();
+        assert!(e.to_string().contains("02:00:00:00:0a"), "{e}");
+        let bad = request.replace("0000:3b:00.2", "../../etc");
+        let e = serde_json::from_str::<AttachRequest>(&bad).unwrap_err();
+        assert!(e.to_string().contains("../../etc"), "{e}");
     }
 }

@@ -507,7 +507,7 @@ impl Reconciler {
                 if path.exists() {
                     continue;
                 }
-                let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
+                let json = info.to_bytes();
                 match files::write_atomic(&path, &json) {
                     Ok(()) => {
                         tracing::info!(resource = %res, device = id, path = %path.display(), "re-wrote the device-info file of a device a pod holds")

@@ -190,7 +190,7 @@ impl DevicePlugin for DevicePluginService {
         for a in &allocations {
             for (name, info) in &a.device_infos {
                 let path = self.shared.devinfo_dir.join(name);
-                let json = serde_json::to_vec_pretty(info).unwrap_or_default();
+                let json = info.to_bytes();
                 if let Err(e) = files::write_atomic(&path, &json) {
                     for p in &written {
                         let _ = files::remove(p);

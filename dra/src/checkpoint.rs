@@ -1,26 +1,16 @@
 //! Edge: the checkpoint of prepared claims, `<state dir>/checkpoint.json`,
-//! written atomically after every change. A restarted plugin answers
+//! written atomically after every change. Its shape and reader are
+//! [`kroce_contracts::dra_checkpoint`] (the node agent reads it too). A restarted plugin answers
 //! NodePrepareResources for a prepared claim with the same CDI IDs, and can
 //! still unprepare claims prepared before the restart.
 //!
 //! [`CheckpointStore`] is the narrow edge the driver state writes through:
 //! [`FileCheckpoint`] on a node, a counting or slow one in tests.
 
-use crate::prepare::PreparedClaim;
+use kroce_contracts::dra_checkpoint::{self as contract, LoadError};
+pub use kroce_contracts::dra_checkpoint::{Checkpoint, FILE_NAME, VERSION};
 use kroce_device_plugin::files::{self, FileError};
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-pub const FILE_NAME: &str = "checkpoint.json";
-pub const VERSION: u32 = 1;
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    pub version: u32,
-    /// By claim UID.
-    pub claims: BTreeMap<String, PreparedClaim>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -64,11 +54,11 @@ impl FileCheckpoint {
 
 impl CheckpointStore for FileCheckpoint {
     fn load(&self) -> Result<Checkpoint, CheckpointError> {
-        Checkpoint::load(&self.path)
+        load(&self.path)
     }
 
     fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
-        cp.save(&self.path)
+        save(cp, &self.path)
     }
 
     fn path(&self) -> &Path {
@@ -76,54 +66,25 @@ impl CheckpointStore for FileCheckpoint {
     }
 }
 
-impl Checkpoint {
-    /// The checkpoint at `path`; none there yet is an empty one.
-    pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
-        let text = match std::fs::read(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Checkpoint {
-                    version: VERSION,
-                    ..Default::default()
-                });
-            }
-            Err(source) => {
-                return Err(CheckpointError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                });
-            }
-        };
-        let cp: Checkpoint = serde_json::from_slice(&text).map_err(|e| CheckpointError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        if cp.version != VERSION {
-            return Err(CheckpointError::Parse {
-                path: path.to_path_buf(),
-                message: format!("version {}", cp.version),
-            });
+impl From<LoadError> for CheckpointError {
+    fn from(e: LoadError) -> Self {
+        match e {
+            LoadError::Read { path, source } => CheckpointError::Read { path, source },
+            LoadError::Parse { path, message } => CheckpointError::Parse { path, message },
         }
-        Ok(cp)
     }
+}
 
-    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| CheckpointError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        Ok(files::write_atomic(path, &bytes)?)
-    }
+/// The checkpoint at `path`; none there yet is an empty one.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    Ok(contract::load(path)?.unwrap_or_else(Checkpoint::empty))
+}
 
-    /// Device name → UID of the claim it is prepared for.
-    pub fn devices(&self) -> BTreeMap<String, String> {
-        self.claims
-            .iter()
-            .flat_map(|(uid, c)| {
-                c.devices
-                    .iter()
-                    .map(move |d| (d.device.clone(), uid.clone()))
-            })
-            .collect()
-    }
+/// Writes `cp` at `path`, atomically and fsynced.
+pub fn save(cp: &Checkpoint, path: &Path) -> Result<(), CheckpointError> {
+    let bytes = contract::to_bytes(cp).map_err(|e| CheckpointError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(files::write_atomic(path, &bytes)?)
 }

@@ -65,53 +65,10 @@ const MTU_RANGE: std::ops::RangeInclusive<u64> =
     link_limits::MTU_MIN as u64..=link_limits::MTU_MAX as u64;
 const MAX_VLAN: u64 = link_limits::VLAN_MAX as u64;
 
-/// How the RDMA device follows the netdev into the pod (the CNI's modes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NetnsMode {
-    Shared,
-    Exclusive,
-}
-
-/// The effective configuration of one request's devices.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClaimConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vlan: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtu: Option<u32>,
-    /// A CNI IPAM configuration (passed on to the IPAM plugin as is).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipam: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memlock: Option<Memlock>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rdma_netns_mode: Option<NetnsMode>,
-    /// The netdev's name in the pod (kernel rules, not `lo`/`eth0`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interface_name: Option<String>,
-    /// A unicast MAC, lower-case `aa:bb:cc:dd:ee:ff`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mac: Option<String>,
-    /// `Some(false)`: the VF is not moved into the pod (char devices only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attach: Option<bool>,
-}
-
-impl ClaimConfig {
-    /// `other`'s fields over these.
-    fn overlay(&mut self, other: ClaimConfig) {
-        self.vlan = other.vlan.or(self.vlan);
-        self.mtu = other.mtu.or(self.mtu);
-        self.ipam = other.ipam.or(self.ipam.take());
-        self.memlock = other.memlock.or(self.memlock);
-        self.rdma_netns_mode = other.rdma_netns_mode.or(self.rdma_netns_mode);
-        self.interface_name = other.interface_name.or(self.interface_name.take());
-        self.mac = other.mac.or(self.mac.take());
-        self.attach = other.attach.or(self.attach);
-    }
-}
+/// The effective configuration is kept in the checkpoint, so its shape is
+/// the checkpoint contract's.
+pub use kroce_contracts::dra_checkpoint::{ClaimConfig, NetnsMode};
+use kroce_contracts::mac::Mac;
 
 /// Where an opaque entry came from (the allocation's `source`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -194,29 +151,9 @@ fn uint(
     }
 }
 
-/// `aa:bb:cc:dd:ee:ff` (either case), not multicast, not all zeros;
-/// returned lower-case.
-fn unicast_mac(v: &Value) -> Result<String, String> {
-    let s = v.as_str().ok_or("expected a string")?;
-    let bytes: Vec<u8> = s
-        .split(':')
-        .map(|p| {
-            if p.len() == 2 {
-                u8::from_str_radix(p, 16).ok()
-            } else {
-                None
-            }
-        })
-        .collect::<Option<Vec<u8>>>()
-        .filter(|b| b.len() == 6)
-        .ok_or("expected six hex bytes separated by ':'")?;
-    if bytes[0] & 1 == 1 {
-        return Err("a multicast address cannot name one interface".into());
-    }
-    if bytes.iter().all(|b| *b == 0) {
-        return Err("all zeros is not an address".into());
-    }
-    Ok(s.to_ascii_lowercase())
+/// A unicast MAC (the one grammar, [`kroce_contracts::mac`]).
+fn unicast_mac(v: &Value) -> Result<Mac, String> {
+    Mac::parse_unicast(v.as_str().ok_or("expected a string")?)
 }
 
 /// One entry, parsed: its fields, and (a class's) `allowClaimOverrides`.
@@ -504,7 +441,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(n.interface_name.as_deref(), Some("rdma0"));
-        assert_eq!(n.mac.as_deref(), Some("02:aa:bb:cc:dd:01"));
+        assert_eq!(
+            n.mac.map(|m| m.to_string()).as_deref(),
+            Some("02:aa:bb:cc:dd:01")
+        );
         assert_eq!(n.attach, Some(false));
     }
 
@@ -547,6 +487,11 @@ mod tests {
             (
                 json!({"mac": "02:00:00:00:01"}),
                 "field mac: \"02:00:00:00:01\" is invalid: expected six hex bytes",
+            ),
+            // u8::from_str_radix takes a sign: the old parser let it in.
+            (
+                json!({"mac": "+2:00:00:00:00:01"}),
+                "field mac: \"+2:00:00:00:00:01\" is invalid: expected six hex bytes",
             ),
             (
                 json!({"attach": "yes"}),

@@ -89,22 +89,23 @@ pub fn attach_request(
     }
     let devices = chosen
         .iter()
-        .map(|d| {
+        .filter_map(|d| {
             let c = &d.published.candidate;
-            DeviceAttach {
+            // `attachable` took only devices with a PCI address.
+            Some(DeviceAttach {
                 device: d.device.clone(),
                 pool: pool.to_string(),
                 request: d.requests.first().cloned().unwrap_or_default(),
-                pci_address: c.pci.map(|p| p.to_string()).unwrap_or_default(),
+                pci_address: c.pci?,
                 netdev: c.netdev.as_ref().map(|n| n.name.clone()),
                 rdma_device: c.rdma.as_ref().map(|r| r.name.clone()),
                 interface_name: d.config.interface_name.clone(),
                 vlan: d.config.vlan,
                 mtu: d.config.mtu,
-                mac: d.config.mac.clone(),
+                mac: d.config.mac,
                 rdma: d.config.rdma_netns_mode.map(|m| m == NetnsMode::Exclusive),
                 ipam: d.config.ipam.clone(),
-            }
+            })
         })
         .collect();
     Ok(Some(AttachRequest {
@@ -423,7 +424,7 @@ mod tests {
             mtu: Some(9000),
             ipam: Some(json!({"type": "host-local"})),
             rdma_netns_mode: Some(NetnsMode::Exclusive),
-            mac: Some("02:00:00:00:00:01".into()),
+            mac: Some("02:00:00:00:00:01".parse().unwrap()),
             ..Default::default()
         };
         let r = attach_request(
@@ -437,11 +438,14 @@ mod tests {
         assert_eq!(r.pod_uids, ["pod-1"]);
         assert_eq!(r.claim_uid, "u-1");
         let d = &r.devices[0];
-        assert_eq!(d.pci_address, "0000:3b:00.2");
+        assert_eq!(d.pci_address.to_string(), "0000:3b:00.2");
         assert_eq!(d.netdev.as_deref(), Some("ens1f0v0"));
         assert_eq!(d.rdma_device.as_deref(), Some("mlx5_2"));
         assert_eq!((d.vlan, d.mtu, d.rdma), (Some(100), Some(9000), Some(true)));
-        assert_eq!(d.mac.as_deref(), Some("02:00:00:00:00:01"));
+        assert_eq!(
+            d.mac.map(|m| m.to_string()).as_deref(),
+            Some("02:00:00:00:00:01")
+        );
         assert_eq!(d.interface_name, None);
         assert_eq!(d.pool, "node-a");
     }
@@ -521,7 +525,7 @@ mod tests {
                 pool: "node-a".into(),
                 interface_name: "net1".into(),
                 ips: vec!["10.56.0.2/16".into()],
-                hardware_address: Some("02:00:00:00:00:01".into()),
+                hardware_address: Some("02:00:00:00:00:01".parse().unwrap()),
             }],
         };
         let b = status_apply_body(&r);

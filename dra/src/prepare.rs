@@ -51,29 +51,8 @@ pub struct Paths {
     pub dev_infiniband: Option<PathBuf>,
 }
 
-/// One device of a prepared claim, as NodePrepareResources returns it, with
-/// the effective configuration of its (first) request, kept for the
-/// network attach step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PreparedDevice {
-    pub request_names: Vec<String>,
-    pub pool: String,
-    pub device: String,
-    pub cdi_device_ids: Vec<String>,
-    #[serde(default)]
-    pub config: ClaimConfig,
-}
-
-/// A prepared claim: what to answer again and what to remove at unprepare.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PreparedClaim {
-    pub namespace: String,
-    pub name: String,
-    pub devices: Vec<PreparedDevice>,
-    pub files: Vec<PathBuf>,
-}
+/// A prepared claim and its devices, as the checkpoint keeps them.
+pub use kroce_contracts::dra_checkpoint::{PreparedClaim, PreparedDevice};
 
 /// What to do for one claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,8 +268,7 @@ pub fn plan(
         cdi_devices.push(cdi_device(claim, name, c, paths));
         if let Some(di) = crate::sharing::device_info_of(name, c) {
             let path = devinfo_file(paths, &claim.uid, name);
-            let bytes = encode(&path, &di)?;
-            writes.push((path, bytes));
+            writes.push((path, di.to_bytes()));
         }
         if let Some(m) = cfg.memlock {
             memlocks.insert(

@@ -117,12 +117,15 @@ async fn prepare_records_the_vf_for_the_pod_and_unprepare_removes_it() {
     let devices: Vec<&str> = req.devices.iter().map(|d| d.device.as_str()).collect();
     assert_eq!(devices, [VF]);
     let d = &req.devices[0];
-    assert_eq!(d.pci_address, "0000:3b:00.2");
+    assert_eq!(d.pci_address.to_string(), "0000:3b:00.2");
     assert_eq!(d.pool, NODE);
     assert_eq!(d.request, "vf");
     assert!(d.netdev.is_some() && d.rdma_device.is_some(), "{d:?}");
     assert_eq!((d.vlan, d.mtu, d.rdma), (Some(100), Some(9000), Some(true)));
-    assert_eq!(d.mac.as_deref(), Some("02:00:00:00:00:07"));
+    assert_eq!(
+        d.mac.map(|m| m.to_string()).as_deref(),
+        Some("02:00:00:00:00:07")
+    );
     assert_eq!(d.interface_name.as_deref(), Some("rdma0"));
     assert_eq!(
         d.ipam,

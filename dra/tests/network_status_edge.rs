@@ -40,7 +40,7 @@ fn result() -> AttachResult {
             pool: "node-a".into(),
             interface_name: "net1".into(),
             ips: vec!["10.56.0.2/16".into()],
-            hardware_address: Some("02:00:00:00:00:01".into()),
+            hardware_address: Some("02:00:00:00:00:01".parse().unwrap()),
         }],
     }
 }

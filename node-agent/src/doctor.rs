@@ -1,6 +1,6 @@
-//! `kroce-operator doctor`: gathers what `kroce_admission::doctor` needs
+//! `kroce-node-agent doctor`: gathers what `kroce_admission::doctor` needs
 //! from a host root and the running kernel, runs its checks, and adds the
-//! NRI reachability check (`kroce_nri`). Thin on purpose: the checks live
+//! NRI reachability check (`kroce_contracts::nri_reachability`). Thin on purpose: the checks live
 //! in `kroce-admission`; the node agent reuses the same gathering for its
 //! conditions.
 //!
@@ -14,9 +14,9 @@ use crate::dcb::Dcb;
 use kroce_admission::doctor::{
     self, CheckResult, DoctorOptions, DoctorReport, MemlockLimit, NetState, Status,
 };
-use kroce_nri::Memlock;
-use kroce_nri::reachability::{NriStatus, nri_reachable};
-use kroce_nri::status::{StatusError, StatusFile};
+use kroce_contracts::Memlock;
+use kroce_contracts::nri_reachability::{NriStatus, nri_reachable};
+use kroce_contracts::nri_status::{StatusError, StatusFile};
 use sriov_helpers::{Host, HostRoot};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -32,7 +32,7 @@ pub const DEFAULT_NRI_SOCKET: &str = "var/run/nri/nri.sock";
 /// node condition `MemlockGrantedByRuntime`).
 pub const NRI_MEMLOCK_CHECK: &str = "nriMemlockGranted";
 /// kroce-nri's status file under the host root when not given
-/// (`<kroce-cni state dir>/nri-status.json`, see `kroce_nri::status`).
+/// (`<kroce-cni state dir>/nri-status.json`, see `kroce_contracts::nri_status`).
 pub const DEFAULT_NRI_STATUS: &str = "var/lib/cni/kroce/nri-status.json";
 
 /// What only the running kernel can tell.
@@ -332,7 +332,7 @@ fn memlock_bytes(s: &str) -> Result<u64, kroce_contracts::MemlockError> {
         .map(kroce_contracts::Memlock::rlimit_value)
 }
 
-/// `kroce-operator doctor` flags (the host root flags come from the caller).
+/// `kroce-node-agent doctor` flags (the host root flags come from the caller).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DoctorArgs {
     /// Print JSON instead of a table.
@@ -390,7 +390,7 @@ impl DoctorArgs {
     }
 }
 
-/// Everything `kroce-operator doctor` takes.
+/// Everything `kroce-node-agent doctor` takes.
 #[derive(Debug, Clone)]
 pub struct DoctorConfig {
     pub root: HostRoot,
@@ -441,7 +441,7 @@ pub fn run(cfg: &DoctorConfig, live: &dyn LiveNet) -> Result<DoctorReport, Docto
     let nri = nri_reachable(&cfg.nri_socket);
     let mut r = report(&host, &cfg.root, &net, &cfg.options, &nri);
     r.checks.push(nri_memlock_check(
-        kroce_nri::status::read(&cfg.nri_status),
+        kroce_contracts::nri_status::read(&cfg.nri_status),
         &cfg.nri_status,
         cfg.root.proc(),
     ));
@@ -515,8 +515,8 @@ mod tests {
     /// request fails naming the runtime, its limit and the values.
     #[test]
     fn nri_memlock_check_reports_capped_requests() {
-        use kroce_nri::runtime::RuntimeLimits;
-        use kroce_nri::status::{CappedRequest, STATUS_VERSION};
+        use kroce_contracts::nri_status::RuntimeLimits;
+        use kroce_contracts::nri_status::{CappedRequest, STATUS_VERSION};
         let proc = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(proc.path().join("1234")).unwrap();
         let path = Path::new("/host/var/lib/cni/kroce/nri-status.json");

@@ -4,11 +4,13 @@
 //! forge, and a DRA VF with `attach: false` has none):
 //!
 //! - kroce-cni's claims: `<CNI state dir>/vf/<VF PCI address>.json`, written
-//!   before ADD's first side effect, removed when the VF is released (format:
-//!   `cni/src/state.rs`; the pod comes from the runtime's `CNI_ARGS`);
+//!   before ADD's first side effect, removed when the VF is released, read
+//!   with kroce-cni's own reader (`kroce_cni::state`; the pod comes from
+//!   the runtime's `CNI_ARGS`);
 //! - the DRA plugin's checkpoint of prepared claims
-//!   (`<DRA state dir>/checkpoint.json`, format: `dra/src/checkpoint.rs`),
-//!   every prepared VF device, attached or not;
+//!   (`<DRA state dir>/checkpoint.json`, read with
+//!   [`kroce_contracts::dra_checkpoint`]), every prepared VF device,
+//!   attached or not;
 //! - the kubelet's PodResources: the VFs it assigned to running pods
 //!   through the device plugin (read in [`crate::run`]).
 //!
@@ -16,7 +18,9 @@
 //! removed on the strength of an unreadable record); a source that is not
 //! there (no CNI claims yet, DRA not deployed) holds nothing.
 
-use serde::Deserialize;
+use kroce_cni::state::StateDir;
+use kroce_cni::vf::DeviceKey;
+use kroce_contracts::dra_checkpoint;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -73,51 +77,6 @@ pub struct HolderSources {
     pub cni_state_required: bool,
 }
 
-/// The kroce-cni claim fields the agent reads (`cni/src/state.rs`).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CniClaim {
-    #[serde(rename = "containerID", default)]
-    container_id: String,
-    #[serde(default)]
-    network: String,
-    #[serde(default)]
-    cni_args: String,
-}
-
-/// The DRA checkpoint fields the agent reads (`dra/src/checkpoint.rs`).
-#[derive(Debug, Deserialize)]
-struct DraCheckpoint {
-    version: u32,
-    #[serde(default)]
-    claims: BTreeMap<String, DraClaim>,
-}
-
-#[derive(Debug, Deserialize)]
-struct DraClaim {
-    #[serde(default)]
-    namespace: String,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    devices: Vec<DraDevice>,
-}
-
-#[derive(Debug, Deserialize)]
-struct DraDevice {
-    device: String,
-    #[serde(default)]
-    config: DraConfig,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct DraConfig {
-    #[serde(default)]
-    attach: Option<bool>,
-}
-
-const DRA_CHECKPOINT_VERSION: u32 = 1;
-
 /// The DRA device name of a VF, as the DRA plugin names it.
 pub use kroce_contracts::dra::vf_device_name as dra_vf_device_name;
 
@@ -161,6 +120,9 @@ impl NodeHolders {
     }
 
     fn read_cni_claims(&mut self, state_dir: &Path) {
+        let state = StateDir::new(state_dir);
+        // Listed here, not with `StateDir::claims`: an unreadable file must
+        // still hold the VF its name says.
         let dir = state_dir.join("vf");
         let rd = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
@@ -183,13 +145,8 @@ impl NodeHolders {
             let Ok(pci) = stem.parse::<sriov_helpers::PciAddress>() else {
                 continue;
             };
-            let pci = pci.to_string();
-            let path = e.path();
-            let holder = match std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<CniClaim>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(c) => Holder {
+            let holder = match state.read_claim(&DeviceKey::Pci(pci)) {
+                Ok(Some(c)) => Holder {
                     pod: pod_of_cni_args(&c.cni_args),
                     what: format!(
                         "kroce-cni claim (network {}, container {})",
@@ -198,45 +155,27 @@ impl NodeHolders {
                     ),
                 },
                 // Vanished between listing and reading: released.
-                Err(_) if !path.exists() => continue,
+                Ok(None) => continue,
                 // The file still claims the VF even if it cannot be read.
                 Err(err) => Holder {
                     pod: None,
-                    what: format!("unreadable kroce-cni claim {}: {err}", path.display()),
+                    what: format!("unreadable kroce-cni claim: {err}"),
                 },
             };
+            let pci = pci.to_string();
             self.add(&pci, holder);
         }
     }
 
     fn read_dra_checkpoint(&mut self, path: &Path) {
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+        let cp = match dra_checkpoint::load(path) {
+            Ok(Some(cp)) => cp,
+            Ok(None) => return,
             Err(e) => {
-                self.unknown.push(format!(
-                    "cannot read DRA checkpoint {}: {e}",
-                    path.display()
-                ));
+                self.unknown.push(e.to_string());
                 return;
             }
         };
-        let cp: DraCheckpoint = match serde_json::from_slice(&bytes) {
-            Ok(cp) => cp,
-            Err(e) => {
-                self.unknown
-                    .push(format!("DRA checkpoint {} unreadable: {e}", path.display()));
-                return;
-            }
-        };
-        if cp.version != DRA_CHECKPOINT_VERSION {
-            self.unknown.push(format!(
-                "DRA checkpoint {} is version {}, this agent reads {DRA_CHECKPOINT_VERSION}",
-                path.display(),
-                cp.version
-            ));
-            return;
-        }
         // By device name, as the plugin published it: every prepared
         // device holds its VF, attached to a pod's network or not.
         for c in cp.claims.into_values() {

@@ -17,7 +17,7 @@ use kroce_admission::counters::{
     congestion_condition,
 };
 use kroce_admission::doctor::{DoctorOptions, DoctorReport, NetState, Status, names};
-use kroce_nri::reachability::{NriStatus, nri_socket_status};
+use kroce_contracts::nri_reachability::{NriStatus, nri_socket_status};
 use kroce_operator::crd::{Condition, ConditionStatus, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use sriov_helpers::Host;
 use std::collections::BTreeMap;
@@ -299,7 +299,7 @@ impl NodeChecks {
         // No connection: containerd logs an unregistered one as an error.
         let nri = nri_socket_status(&self.config.nri_socket);
         let mut out = vec![nri_condition(&nri)];
-        let nri_status = kroce_nri::status::read(&self.config.nri_status);
+        let nri_status = kroce_contracts::nri_status::read(&self.config.nri_status);
         // The gauges follow the check: a status describing a runtime that is
         // gone is not evidence, an unreadable one exports nothing.
         let nri_text = match &nri_status {

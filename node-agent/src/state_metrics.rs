@@ -11,8 +11,8 @@
 
 use crate::holders::VfHolders;
 use kroce_admission::lifecycle::AdmissionPhase;
-use kroce_nri::Memlock;
-use kroce_nri::status::StatusFile;
+use kroce_contracts::Memlock;
+use kroce_contracts::nri_status::StatusFile;
 use kroce_operator::crd::{NetworkAdmission, RdmaNodeStateSpec, RdmaNodeStateStatus};
 use sriov_helpers::CpuList;
 use std::collections::{BTreeMap, BTreeSet};
@@ -364,7 +364,7 @@ pub fn exported_metric_names() -> (BTreeSet<String>, BTreeSet<String>) {
         );
     let nri = StatusFile {
         capped_count: 1,
-        runtime: Some(kroce_nri::runtime::RuntimeLimits {
+        runtime: Some(kroce_contracts::nri_status::RuntimeLimits {
             pid: 1,
             cap_sys_resource: false,
             initial_user_namespace: true,

@@ -187,7 +187,7 @@ pub fn cni_config(a: &Attachment) -> Value {
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK_NAME,
         "type": "kroce-cni",
-        "deviceID": d.pci_address,
+        "deviceID": d.pci_address.to_string(),
     });
     if let Some(v) = d.vlan {
         c["vlan"] = json!(v);
@@ -233,7 +233,9 @@ pub fn device_network(a: &Attachment, result: &Value) -> DeviceNetwork {
         .as_array()
         .and_then(|ifs| ifs.iter().find(|i| i["name"] == a.ifname.as_str()))
         .and_then(|i| i["mac"].as_str())
-        .map(str::to_string);
+        // kroce-cni writes its own `Mac`; anything else is no address to
+        // report (the field is optional in networkData).
+        .and_then(|m| m.parse().ok());
     DeviceNetwork {
         device: a.device.device.clone(),
         pool: a.device.pool.clone(),
@@ -672,7 +674,7 @@ mod tests {
             device: name.into(),
             pool: "node-a".into(),
             request: "vf".into(),
-            pci_address: "0000:3b:00.2".into(),
+            pci_address: "0000:3b:00.2".parse().unwrap(),
             netdev: Some("ens1f0v0".into()),
             rdma_device: Some("mlx5_2".into()),
             interface_name: ifname.map(str::to_string),
@@ -752,7 +754,7 @@ mod tests {
         let mut d = dev("vf-1", None);
         d.vlan = Some(100);
         d.mtu = Some(9000);
-        d.mac = Some("02:00:00:00:00:01".into());
+        d.mac = Some("02:00:00:00:00:01".parse().unwrap());
         d.rdma = Some(true);
         d.ipam = Some(json!({"type": "host-local"}));
         let a = &plan_pod("pod", &[req("u", "c", &["pod"], vec![d])]).unwrap()[0];
@@ -783,7 +785,10 @@ mod tests {
         );
         assert_eq!(nd.interface_name, "net1");
         assert_eq!(nd.ips, ["10.56.0.2/16"]);
-        assert_eq!(nd.hardware_address.as_deref(), Some("02:00:00:00:00:01"));
+        assert_eq!(
+            nd.hardware_address.map(|m| m.to_string()).as_deref(),
+            Some("02:00:00:00:00:01")
+        );
     }
 
     #[test]

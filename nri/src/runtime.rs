@@ -15,8 +15,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::memlock::Memlock;
 
 /// `CAP_SYS_RESOURCE` (linux/capability.h).
@@ -24,28 +22,9 @@ pub const CAP_SYS_RESOURCE: u32 = 24;
 /// The default proc root.
 pub const DEFAULT_PROC_ROOT: &str = "/proc";
 
-/// The runtime's side of the memlock question, as read from `/proc/<pid>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RuntimeLimits {
-    pub pid: u32,
-    /// Bit 24 of `CapEff`.
-    pub cap_sys_resource: bool,
-    /// `uid_map` is the identity over the whole range: the initial user
-    /// namespace, where `CAP_SYS_RESOURCE` counts for rlimits.
-    pub initial_user_namespace: bool,
-    #[serde(with = "memlock_serde")]
-    pub memlock_soft: Memlock,
-    #[serde(with = "memlock_serde")]
-    pub memlock_hard: Memlock,
-}
-
-impl RuntimeLimits {
-    /// Whether the runtime may set a container's hard limit above its own.
-    pub fn can_raise(&self) -> bool {
-        self.cap_sys_resource && self.initial_user_namespace
-    }
-}
+/// The runtime's side of the memlock question (kroce-nri's status file
+/// carries it, so its shape is the contract's).
+pub use kroce_contracts::nri_status::RuntimeLimits;
 
 /// Why the runtime's limits are not known.
 #[derive(Debug, thiserror::Error)]
@@ -144,28 +123,6 @@ pub fn is_initial_uid_map(uid_map: &str) -> bool {
         .filter(|f| !f.is_empty())
         .collect();
     matches!(lines.as_slice(), [only] if only.as_slice() == ["0", "0", "4294967295"])
-}
-
-/// `Memlock` as `"unlimited"` or decimal bytes in a string (the grammar of
-/// the memlock annotations and files).
-pub(crate) mod memlock_serde {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use crate::memlock::Memlock;
-
-    pub fn serialize<S: Serializer>(value: &Memlock, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(value)
-    }
-
-    /// Raw rlimits, not the user grammar: a runtime's limit of 0 is real.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Memlock, D::Error> {
-        let text = String::deserialize(d)?;
-        Memlock::parse_rlimit(&text).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not \"unlimited\" or a decimal number of bytes"
-            ))
-        })
-    }
 }
 
 #[cfg(test)]
@@ -290,31 +247,5 @@ mod tests {
         let root = fake_proc(8, "0", "lots lots", None);
         let err = read(root.path(), 8).unwrap_err();
         assert!(err.to_string().contains("8/limits"), "{err}");
-    }
-
-    #[test]
-    fn limits_serialize_memlock_as_strings() {
-        let l = RuntimeLimits {
-            pid: 1,
-            cap_sys_resource: false,
-            initial_user_namespace: true,
-            memlock_soft: Memlock::Bytes(8 * MIB),
-            memlock_hard: Memlock::Unlimited,
-        };
-        let json = serde_json::to_value(l).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({"pid":1,"capSysResource":false,"initialUserNamespace":true,"memlockSoft":"8388608","memlockHard":"unlimited"})
-        );
-        assert_eq!(serde_json::from_value::<RuntimeLimits>(json).unwrap(), l);
-        // A runtime started with a memlock limit of 0 (raw rlimits are not
-        // the memlock grammar, which refuses 0).
-        let zero = RuntimeLimits {
-            memlock_soft: Memlock::Bytes(0),
-            memlock_hard: Memlock::Bytes(0),
-            ..l
-        };
-        let json = serde_json::to_value(zero).unwrap();
-        assert_eq!(serde_json::from_value::<RuntimeLimits>(json).unwrap(), zero);
     }
 }

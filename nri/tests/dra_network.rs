@@ -198,7 +198,10 @@ fn attach_then_release_leaves_the_host_as_before() {
     assert_eq!(r1.devices.len(), 1);
     assert_eq!(r1.devices[0].interface_name, "net1");
     assert_eq!(
-        r1.devices[0].hardware_address.as_deref(),
+        r1.devices[0]
+            .hardware_address
+            .map(|m| m.to_string())
+            .as_deref(),
         Some("02:aa:bb:cc:dd:01")
     );
     assert!(
