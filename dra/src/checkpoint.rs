@@ -14,14 +14,10 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("cannot read checkpoint {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("checkpoint {path} is not a version {VERSION} checkpoint: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// Read or parse: the contract's own error (one wording for dra and
+    /// the node agent).
+    #[error(transparent)]
+    Load(#[from] LoadError),
     #[error(transparent)]
     Write(#[from] FileError),
     #[error("checkpoint {path}: the write was lost: {message}")]
@@ -66,15 +62,6 @@ impl CheckpointStore for FileCheckpoint {
     }
 }
 
-impl From<LoadError> for CheckpointError {
-    fn from(e: LoadError) -> Self {
-        match e {
-            LoadError::Read { path, source } => CheckpointError::Read { path, source },
-            LoadError::Parse { path, message } => CheckpointError::Parse { path, message },
-        }
-    }
-}
-
 /// The checkpoint at `path`; none there yet is an empty one.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(contract::load(path)?.unwrap_or_else(Checkpoint::empty))
@@ -82,7 +69,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
 
 /// Writes `cp` at `path`, atomically and fsynced.
 pub fn save(cp: &Checkpoint, path: &Path) -> Result<(), CheckpointError> {
-    let bytes = contract::to_bytes(cp).map_err(|e| CheckpointError::Parse {
+    let bytes = contract::to_bytes(cp).map_err(|e| LoadError::Parse {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
