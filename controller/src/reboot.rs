@@ -49,6 +49,25 @@ use kube::{Api, ResourceExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+/// The merge patch that releases a node from its reboot: the marks go,
+/// uncordoned if kroce cordoned it, and on a timeout the generation it
+/// timed out at.
+fn release_patch(uncordon: bool, timed_out: Option<String>) -> serde_json::Value {
+    let mut patch = serde_json::json!({
+        "metadata": {"annotations": {
+            REBOOT_ANNOTATION: null,
+            REBOOT_STARTED_ANNOTATION: null,
+        }}
+    });
+    if let Some(generation) = timed_out {
+        patch["metadata"]["annotations"][REBOOT_TIMED_OUT_ANNOTATION] = generation.into();
+    }
+    if uncordon {
+        patch["spec"] = serde_json::json!({"unschedulable": null});
+    }
+    patch
+}
+
 /// The value [`NETNS_MODE_PENDING_LABEL`] should have on a node with this
 /// state (`None`: absent).
 pub fn pending_label(state: Option<&RdmaNodeState>) -> Option<&'static str> {
@@ -667,15 +686,7 @@ pub(crate) async fn act(
                     errors.push(e);
                     continue;
                 }
-                let mut patch = serde_json::json!({
-                    "metadata": {"annotations": {
-                        REBOOT_ANNOTATION: null,
-                        REBOOT_STARTED_ANNOTATION: null,
-                    }}
-                });
-                if *uncordon {
-                    patch["spec"] = serde_json::json!({"unschedulable": null});
-                }
+                let patch = release_patch(*uncordon, None);
                 if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
                     errors.push(e);
                     continue;
@@ -707,16 +718,8 @@ pub(crate) async fn act(
                     errors.push(e);
                     continue;
                 }
-                let mut patch = serde_json::json!({
-                    "metadata": {"annotations": {
-                        REBOOT_ANNOTATION: null,
-                        REBOOT_STARTED_ANNOTATION: null,
-                        REBOOT_TIMED_OUT_ANNOTATION: generation.unwrap_or_default().to_string(),
-                    }}
-                });
-                if *uncordon {
-                    patch["spec"] = serde_json::json!({"unschedulable": null});
-                }
+                let timed_out = generation.unwrap_or_default().to_string();
+                let patch = release_patch(*uncordon, Some(timed_out));
                 if let Err(e) = api.patch(node_name, &pp, &Patch::Merge(&patch)).await {
                     errors.push(e);
                     continue;
