@@ -34,6 +34,10 @@ qemu_base=("$KROCE_VM_QEMU" -L "$KROCE_VM_QEMU_DATA/seabios" -L "$KROCE_VM_QEMU_
   -machine q35 -display none -no-reboot -nodefaults -kernel "$KROCE_VM_KERNEL")
 
 work=$(mktemp -d)
+# Mount points of the guest's tmpfs (e2e/vm/init) on the read-only share of
+# this host's /: a fresh machine without CNI plugins has no /var/lib/cni,
+# and kroce-cni in the guest would then meet a read-only state dir.
+mkdir -p /var/lib/cni
 trap 'rm -rf "$work"' EXIT
 
 # The initramfs: busybox-static, the init, and the 9p modules decompressed
@@ -94,11 +98,13 @@ cpu=max
 [ "$accel" = kvm ] && cpu=host
 echo "vm: kernel $release, accel $accel" >&2
 
-rm -f "$results"/{checks,guest.log,guest.rc,console.log,perftest-client.log,perftest-server.log}
-# A copy: bash reads a script as it runs, and an edit meanwhile breaks it.
-cp "$repo/e2e/vm/guest.sh" "$results/guest.sh"
-cat >"$results/env" <<ENV
-KROCE_VM_SCRIPT=/mnt/results/guest.sh
+rm -rf "$results"/{checks,guest.log,guest.rc,console.log,perftest-client.log,perftest-server.log} \
+  "$results"/{after-reboot.log,after-reboot.rc,console-after-reboot.log,reboot}
+# Copies: bash reads a script as it runs, and an edit meanwhile breaks it.
+cp "$repo/e2e/vm/guest.sh" "$repo/e2e/vm/after-reboot.sh" "$results/"
+write_env() { # write_env SCRIPT: what the guest's init runs
+  cat >"$results/env" <<ENV
+KROCE_VM_SCRIPT=/mnt/results/$1
 KROCE_REPO=$repo
 KROCE_BIN_DIR=$bin_dir
 KROCE_VM_MODULES=$KROCE_VM_MODULES
@@ -108,31 +114,53 @@ KROCE_VM_ACCEL=$accel
 KROCE_VM_GUEST_TEST=${guest_test}
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ENV
-
-start=$(date +%s)
-# 2 NUMA nodes (CPUs 0-1, 2-3); the igb PF behind a pxb-pcie bridge on NUMA
-# node 1 (on pcie.0 it would read numa_node -1).
-timeout "${KROCE_VM_TIMEOUT:-900}" "${qemu_base[@]}" -accel "$accel" -cpu "$cpu" -m 2048 -smp 4 \
-  -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
-  -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
-  -device pxb-pcie,id=pxb1,bus_nr=0x80,numa_node=1,bus=pcie.0 \
-  -device pcie-root-port,id=rp1,bus=pxb1,chassis=1,slot=1 \
-  -netdev user,id=n1 -device igb,bus=rp1,netdev=n1,romfile= \
-  -fsdev local,id=fs0,path=/,security_model=none,readonly=on,multidevs=remap \
-  -device virtio-9p-pci,fsdev=fs0,mount_tag=hostroot,bus=pcie.0 \
-  -fsdev "local,id=fs1,path=$results,security_model=none,multidevs=remap" \
-  -device virtio-9p-pci,fsdev=fs1,mount_tag=results,bus=pcie.0 \
-  -initrd "$work/initrd.cpio" \
-  -append "console=ttyS0 panic=-1 quiet loglevel=4" \
-  -serial "file:$results/console.log" || {
-  echo "vm: QEMU failed or timed out; console:" >&2
-  tail -n 30 "$results/console.log" >&2 || true
-  exit 1
 }
-echo "vm: boot to power-off $(($(date +%s) - start)) s" >&2
-if [ ! -f "$results/guest.rc" ]; then
-  echo "vm: the guest script never finished; console:" >&2
-  tail -n 30 "$results/console.log" >&2 || true
-  exit 1
+
+boot() { # boot: one boot of the same machine, to power-off
+  local start rc=0
+  start=$(date +%s)
+  # 2 NUMA nodes (CPUs 0-1, 2-3); the igb PF behind a pxb-pcie bridge on
+  # NUMA node 1 (on pcie.0 it would read numa_node -1).
+  timeout "${KROCE_VM_TIMEOUT:-900}" "${qemu_base[@]}" -accel "$accel" -cpu "$cpu" -m 2048 -smp 4 \
+    -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
+    -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
+    -device pxb-pcie,id=pxb1,bus_nr=0x80,numa_node=1,bus=pcie.0 \
+    -device pcie-root-port,id=rp1,bus=pxb1,chassis=1,slot=1 \
+    -netdev user,id=n1 -device igb,bus=rp1,netdev=n1,romfile= \
+    -fsdev local,id=fs0,path=/,security_model=none,readonly=on,multidevs=remap \
+    -device virtio-9p-pci,fsdev=fs0,mount_tag=hostroot,bus=pcie.0 \
+    -fsdev "local,id=fs1,path=$results,security_model=none,multidevs=remap" \
+    -device virtio-9p-pci,fsdev=fs1,mount_tag=results,bus=pcie.0 \
+    -initrd "$work/initrd.cpio" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=4" \
+    -serial "file:$results/console.log" || rc=1
+  if [ "$rc" != 0 ]; then
+    echo "vm: QEMU failed or timed out; console:" >&2
+    tail -n 30 "$results/console.log" >&2 || true
+    return 1
+  fi
+  echo "vm: boot to power-off $(($(date +%s) - start)) s" >&2
+  if [ ! -f "$results/guest.rc" ]; then
+    echo "vm: the guest script never finished; console:" >&2
+    tail -n 30 "$results/console.log" >&2 || true
+    return 1
+  fi
+}
+
+write_env guest.sh
+boot
+rc=$(cat "$results/guest.rc")
+# The node agent asked the host to reboot (guest.sh (f)): the same machine
+# boots again (QEMU runs with -no-reboot; the results share keeps the
+# agent's state and modprobe.d) into after-reboot.sh. Its logs go beside the
+# first boot's.
+if [ -s "$results/reboot/asked" ]; then
+  for f in guest.log guest.rc console.log; do mv "$results/$f" "$results/first-$f"; done
+  write_env after-reboot.sh
+  boot || echo "vm: the second boot failed: e2e/tests/vm.rs reports the missing checks" >&2
+  mv "$results/guest.log" "$results/after-reboot.log" 2>/dev/null || true
+  mv "$results/guest.rc" "$results/after-reboot.rc" 2>/dev/null || true
+  mv "$results/console.log" "$results/console-after-reboot.log" 2>/dev/null || true
+  for f in guest.log guest.rc console.log; do mv "$results/first-$f" "$results/$f" || true; done
 fi
-exit "$(cat "$results/guest.rc")"
+exit "$rc"

@@ -101,7 +101,14 @@ const REQUIRED: &[&str] = &[
     "cni-rxe-plain-made-again-in-pod",
     "cni-rxe-plain-back-on-host",
     "perftest-runner",
+    // Issue 22: the agent's reboot, on the real kernel over two boots.
+    "reboot-refused-without-flag",
+    "reboot-asked-once-through-nsenter",
     "guest-finished",
+    "reboot-new-boot",
+    "reboot-mode-live-from-file",
+    "reboot-applied-not-again",
+    "guest-finished-after-reboot",
 ];
 
 /// The whole-node flow inside the VM (`vm_guest`): runs only there, where
@@ -125,7 +132,11 @@ fn real_kernel_vm_tier() {
     let Some((dir, _keep)) = results() else {
         return;
     };
-    let log = std::fs::read_to_string(dir.join("guest.log")).unwrap_or_default();
+    let mut log = std::fs::read_to_string(dir.join("guest.log")).unwrap_or_default();
+    if let Ok(second) = std::fs::read_to_string(dir.join("after-reboot.log")) {
+        log.push_str("\n----- after the reboot (after-reboot.sh)\n");
+        log.push_str(&second);
+    }
     let checks = std::fs::read_to_string(dir.join("checks")).unwrap_or_else(|e| {
         let console = std::fs::read_to_string(dir.join("console.log")).unwrap_or_default();
         panic!(

@@ -405,5 +405,66 @@ else
   echo "FAIL node-e2e no test binary (KROCE_VM_GUEST_TEST=${KROCE_VM_GUEST_TEST:-unset})" | tee -a "$out/checks"
 fi
 
+# (f) Reboot for the RDMA netns mode (issue 22), boot 1 of 2: shared live,
+# a pod's netns present, the spec asks for exclusive: only a reboot applies
+# it. The controller's request (this boot's id) is on the object; the agent
+# runs its real reboot command: util-linux nsenter into PID 1's namespaces,
+# then `systemctl reboot` resolved in PID 1's root, the initramfs here
+# (no systemd in this VM: that `systemctl` records the ask). ci/vm.sh boots
+# again into e2e/vm/after-reboot.sh, whose
+# modprobe reads only the agent's modprobe.d (on the results share, which
+# survives the reboot, as does the agent's state dir).
+section "(f) reboot for the RDMA netns mode, first boot"
+reboot_dir=$out/reboot
+rm -rf "$reboot_dir"
+mkdir -p "$reboot_dir/modprobe.d" "$reboot_dir/agent-state" /tmp/reboot-shim
+# Resolved after nsenter's setns into PID 1's mount namespace, whose root is
+# the initramfs (init chroots only its child): /newroot is the host tree.
+cat >"$reboot_dir/systemctl" <<'SHIM'
+#!/bin/busybox sh
+echo "systemctl $*" >>/newroot/mnt/results/reboot/asked
+SHIM
+install -m 0755 "$reboot_dir/systemctl" /tmp/reboot-shim/systemctl
+for ns in $(ip netns list | awk '{print $1}'); do ip netns delete "$ns"; done
+# Netns teardown is asynchronous (cleanup_net): EBUSY until it ran.
+for _ in $(seq 50); do rdma system set netns shared 2>/dev/null && break; sleep 0.2; done
+live_before=$(rdma system show 2>&1 | grep -o 'netns [a-z]*')
+ip netns add reboot-busy
+boot1=$(cat /proc/sys/kernel/random/boot_id)
+echo "$boot1" >"$reboot_dir/boot1"
+printf '{"metadata": {"name": "vm", "annotations": {"kroce.io/reboot-boot-id": "%s"}},
+ "spec": {"nodeName": "vm", "rdmaNetnsModes": [{"network": "vm-net", "mode": "exclusive"}]}}\n' \
+  "$boot1" >"$reboot_dir/object.json"
+reboot_apply() { # reboot_apply OUT [FLAG]
+  PATH=/newroot/tmp/reboot-shim:$PATH "$bin/kroce-node-agent" apply --spec-file "$reboot_dir/object.json" \
+    --state-dir "$reboot_dir/agent-state" --modprobe-dir "$reboot_dir/modprobe.d" "${@:2}" \
+    >"$reboot_dir/$1.json" 2>"$reboot_dir/$1.err"
+}
+# Without --allow-host-reboot the request is refused, and said.
+reboot_apply refused
+rc=$?
+msg=$(python3 -c 'import json,sys
+c=[c for c in json.load(open(sys.argv[1]))["conditions"] if c["type"]=="RdmaNetnsModePending"]
+print(c[0]["status"], c[0]["reason"], c[0]["message"]) if c else print("absent")' "$reboot_dir/refused.json" 2>/dev/null)
+[ "$rc" = 0 ] && [ ! -e "$reboot_dir/asked" ] && [ ! -e "$reboot_dir/agent-state/reboot-asked" ] &&
+  case $msg in "True RebootRequired "*--allow-host-reboot*) true ;; *) false ;; esac
+check reboot-refused-without-flag "$?" "apply exit $rc; live $live_before; asked $(cat "$reboot_dir/asked" 2>/dev/null || echo never); condition: $msg"
+reboot_apply asked --allow-host-reboot
+rc=$?
+# A later pass in the same boot (the host has not gone down yet): no second ask.
+reboot_apply again --allow-host-reboot
+rc2=$?
+cat "$reboot_dir/asked.json" "$reboot_dir/asked.err" "$reboot_dir/again.err"
+msg=$(python3 -c 'import json,sys
+c=[c for c in json.load(open(sys.argv[1]))["conditions"] if c["type"]=="RdmaNetnsModePending"]
+print(c[0]["status"], c[0]["reason"], c[0]["message"]) if c else print("absent")' "$reboot_dir/asked.json" 2>/dev/null)
+[ "$rc" = 0 ] && [ "$rc2" = 0 ] && [ "$(cat "$reboot_dir/asked" 2>/dev/null)" = "systemctl reboot" ] &&
+  [ "$(cat "$reboot_dir/agent-state/reboot-asked" 2>/dev/null)" = "$boot1" ] &&
+  grep -qx 'options ib_core netns_mode=0' "$reboot_dir/modprobe.d/kroce-rdma-netns-mode.conf" &&
+  case $msg in "True RebootRequired "*"reboot asked of the host (boot $boot1)"*) true ;; *) false ;; esac
+check reboot-asked-once-through-nsenter "$?" "apply exits $rc/$rc2; live $live_before; PID 1's root ran: $(tr '\n' '|' <"$reboot_dir/asked" 2>/dev/null); record $(cat "$reboot_dir/agent-state/reboot-asked" 2>/dev/null); condition: $msg"
+
 section "end"
 echo "PASS guest-finished" >>"$out/checks"
+# The VM powers off (init); ci/vm.sh boots it again, as the host's reboot
+# would, when $reboot_dir/asked says the agent asked.

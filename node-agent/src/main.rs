@@ -211,6 +211,13 @@ enum Cmd {
         /// record in --state-dir; PFs kroce never changed are left alone.
         #[arg(long, value_delimiter = ',', hide = true)]
         managed: Vec<String>,
+        /// When the file is a whole RdmaNodeState carrying the controller's
+        /// reboot request (`kroce.io/reboot-boot-id` = this boot's id) and
+        /// the RDMA netns mode applies only at boot: reboot the host as
+        /// `run --allow-host-reboot` does (at most once per boot, recorded
+        /// in --state-dir). Off: such a request is refused and reported.
+        #[arg(long)]
+        allow_host_reboot: bool,
     },
 }
 
@@ -229,14 +236,32 @@ fn init_tracing(level: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_spec(path: &PathBuf) -> anyhow::Result<RdmaNodeStateSpec> {
+/// The spec, and the controller's reboot request when the file is a whole
+/// object carrying one.
+fn read_spec(path: &PathBuf) -> anyhow::Result<(RdmaNodeStateSpec, Option<String>)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let value: serde_json::Value =
         serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let requested = value
+        .pointer(&format!(
+            "/metadata/annotations/{}",
+            kroce_node_agent::reboot::REBOOT_REQUEST_ANNOTATION.replace('/', "~1")
+        ))
+        .map(|v| {
+            v.as_str().map(str::to_string).with_context(|| {
+                format!(
+                    "{}: annotation {} is not a string: {v}",
+                    path.display(),
+                    kroce_node_agent::reboot::REBOOT_REQUEST_ANNOTATION
+                )
+            })
+        })
+        .transpose()?;
     let spec = value.get("spec").cloned().unwrap_or(value);
-    serde_json::from_value(spec)
-        .with_context(|| format!("{}: not an RdmaNodeState spec", path.display()))
+    let spec = serde_json::from_value(spec)
+        .with_context(|| format!("{}: not an RdmaNodeState spec", path.display()))?;
+    Ok((spec, requested))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -251,7 +276,8 @@ fn main() -> anyhow::Result<()> {
             spec_file,
             host,
             managed,
-        } => apply_once(&spec_file, &host, &managed),
+            allow_host_reboot,
+        } => apply_once(&spec_file, &host, &managed, allow_host_reboot),
         Cmd::Doctor {
             host,
             args,
@@ -271,8 +297,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `apply`: plain threads, no async runtime (the netlink edge brings its own).
-fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyhow::Result<()> {
-    let spec = read_spec(spec_file)?;
+fn apply_once(
+    spec_file: &PathBuf,
+    host: &HostArgs,
+    managed: &[String],
+    allow_host_reboot: bool,
+) -> anyhow::Result<()> {
+    let (spec, requested) = read_spec(spec_file)?;
     if !managed.is_empty() {
         eprintln!(
             "warning: --managed is ignored: PFs that left the spec go back to their VF count \
@@ -296,10 +327,25 @@ fn apply_once(spec_file: &PathBuf, host: &HostArgs, managed: &[String]) -> anyho
     };
     // Without a kubelet to ask: the CNI claims and the DRA checkpoint.
     let holders = NodeHolders::read(&host.holder_sources());
-    let outcome = agent.apply(&spec, &holders);
+    let mut outcome = agent.apply(&spec, &holders);
     for c in &outcome.changes {
         eprintln!("changed: {c}");
     }
+    // As the run loop does with the request on its RdmaNodeState.
+    let required = kroce_node_agent::reboot::reboot_required(&outcome.status.conditions);
+    let reboot_edge = kroce_node_agent::reboot::SystemdReboot {
+        proc_root: cfg.root.proc().to_path_buf(),
+        state_dir: host.state_dir(),
+    };
+    let asked = kroce_node_agent::reboot::act(
+        allow_host_reboot.then_some(&reboot_edge as &dyn kroce_node_agent::reboot::HostReboot),
+        requested.as_deref(),
+        required,
+    );
+    if let Some(boot) = &asked.asked {
+        eprintln!("asked the host to reboot (RDMA netns mode; leaving boot {boot})");
+    }
+    kroce_node_agent::reboot::note_on(&mut outcome.status.conditions, &asked);
     println!("{}", serde_json::to_string_pretty(&outcome.status)?);
     if outcome.status.sync_state != SyncState::Succeeded {
         std::process::exit(2);
@@ -522,5 +568,37 @@ mod tests {
         };
         assert!(pod_resources_socket.as_os_str().is_empty());
         assert!(checks.ethtool.as_os_str().is_empty());
+    }
+
+    /// `apply` reads the controller's reboot request from a whole object,
+    /// none from a bare spec, and names the annotation when it is not a
+    /// string.
+    #[test]
+    fn apply_reads_the_reboot_request_of_a_whole_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let object = write(
+            "object.yaml",
+            "metadata:\n  name: n1\n  annotations:\n    kroce.io/reboot-boot-id: b-1\n\
+             spec:\n  nodeName: n1\n",
+        );
+        let (spec, requested) = read_spec(&object).unwrap();
+        assert_eq!(spec.node_name, "n1");
+        assert_eq!(requested.as_deref(), Some("b-1"));
+        let bare = write("spec.json", r#"{"nodeName": "n1"}"#);
+        assert_eq!(read_spec(&bare).unwrap().1, None);
+        let bad = write(
+            "bad.json",
+            r#"{"metadata": {"annotations": {"kroce.io/reboot-boot-id": 7}}, "spec": {"nodeName": "n1"}}"#,
+        );
+        let e = format!("{:#}", read_spec(&bad).unwrap_err());
+        assert!(
+            e.contains("kroce.io/reboot-boot-id") && e.contains("bad.json"),
+            "{e}"
+        );
     }
 }

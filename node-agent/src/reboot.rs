@@ -189,6 +189,20 @@ pub fn act(
     }
 }
 
+/// Adds what [`act`] did to the RDMA netns mode's pending condition, where
+/// the admin and the controller read it (run loop and `apply` alike).
+pub fn note_on(conditions: &mut [kroce_operator::crd::Condition], outcome: &RebootOutcome) {
+    let Some(note) = &outcome.note else {
+        return;
+    };
+    if let Some(c) = conditions
+        .iter_mut()
+        .find(|c| c.type_ == crate::netns_mode::PENDING_CONDITION)
+    {
+        c.message = format!("{}; {note}", c.message);
+    }
+}
+
 /// The real host: the boot id under `proc_root`, the record under the
 /// agent's state dir, [`REBOOT_COMMAND`].
 #[derive(Debug, Clone)]

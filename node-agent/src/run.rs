@@ -570,18 +570,10 @@ pub async fn run_with(
                 tracing::warn!(node = %cfg.node_name, boot = %boot, "asked the host to reboot (RDMA netns mode)");
                 metrics.changes.inc();
             }
-            if let Some(note) = &asked.note {
-                if asked.asked.is_none() {
-                    tracing::info!(node = %cfg.node_name, "reboot request: {note}");
-                }
-                if let Some(c) = status
-                    .conditions
-                    .iter_mut()
-                    .find(|c| c.type_ == crate::netns_mode::PENDING_CONDITION)
-                {
-                    c.message = format!("{}; {note}", c.message);
-                }
+            if let (Some(note), None) = (&asked.note, &asked.asked) {
+                tracing::info!(node = %cfg.node_name, "reboot request: {note}");
             }
+            crate::reboot::note_on(&mut status.conditions, &asked);
         }
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         stamp_transitions(&prev.conditions, &mut status.conditions, &now);
