@@ -456,16 +456,12 @@ mod tests {
     }
 
     /// A reader during rewrites sees the old or the new file, whole, never
-    /// none; a leftover temp name of a dead writer is not reused.
+    /// none.
     #[test]
     fn a_reader_never_sees_a_half_written_or_missing_file() {
         use std::sync::atomic::AtomicBool;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("claim.json");
-        let stale = dir
-            .path()
-            .join(format!(".claim.json.tmp-{}-0", std::process::id()));
-        std::fs::write(&stale, b"someone else's").unwrap();
         let (a, b) = (vec![b'a'; 64 * 1024], vec![b'b'; 10]);
         write_atomic(&p, &a).unwrap();
         let done = AtomicBool::new(false);
@@ -488,8 +484,29 @@ mod tests {
             reader.join().unwrap()
         });
         assert!(bad.is_empty(), "{:?}", &bad[..bad.len().min(5)]);
-        assert_eq!(std::fs::read(&stale).unwrap(), b"someone else's");
-        assert_eq!(names(dir.path()).len(), 2);
+        assert_eq!(names(dir.path()), ["claim.json"]);
+    }
+
+    /// Temp files left by a dead writer with our pid (the names this
+    /// process would use next) are neither reused nor touched.
+    #[test]
+    fn a_leftover_temp_name_is_skipped_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("status.json");
+        let next = NEXT_TEMP.load(Ordering::Relaxed);
+        let pid = std::process::id();
+        let stale: Vec<PathBuf> = (next..next + 64)
+            .map(|n| dir.path().join(format!(".status.json.tmp-{pid}-{n}")))
+            .collect();
+        for s in &stale {
+            std::fs::write(s, b"someone else's").unwrap();
+        }
+        write_atomic(&p, b"ours").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"ours");
+        for s in &stale {
+            assert_eq!(std::fs::read(s).unwrap(), b"someone else's");
+        }
+        assert_eq!(names(dir.path()).len(), 65);
     }
 
     /// A temp file not placed (an error on the way) is removed; one placed

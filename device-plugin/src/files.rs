@@ -9,11 +9,8 @@ use std::path::{Path, PathBuf};
 
 pub use kroce_contracts::atomic_file::{AtomicFileError, remove};
 
-pub const FILE_MODE: u32 = Modes::SHARED.file;
-pub const DIR_MODE: u32 = Modes::SHARED.dir;
-
 pub fn ensure_dir(dir: &Path) -> Result<(), AtomicFileError> {
-    atomic_file::ensure_dir(dir, DIR_MODE)
+    atomic_file::ensure_dir(dir, Modes::SHARED.dir)
 }
 
 /// Writes `content` to `path` atomically with mode 0644, creating the
