@@ -2,12 +2,14 @@
 //!
 //! A value one component writes and another reads (a memlock size in a CRD,
 //! a disruption budget, the MTU and VLAN ranges, a pool config, a CNI config and an annotation; annotation names; the
-//! memlock request file; device-info files and the device facts a pod reads
-//! from its env; the DRA driver's name, claim env and checkpoint; kroce-nri's status file and the
+//! memlock request file; CDI spec and device-info files and the device facts a pod reads
+//! from its env; the one atomic (and durable) file write all of them go through; the DRA driver's name, claim env and checkpoint; kroce-nri's status file and the
 //! NRI reachability check; the MAC grammar; default paths; resource names; what `--log-level` means) lives here, so the
 //! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
+pub mod atomic_file;
+pub mod cdi;
 pub mod cni_env;
 pub mod device_facts;
 pub mod device_info;

@@ -20,6 +20,8 @@ pub const KROCE_TARGETS: &[&str] = &[
     "kroce_dra",
     "kroce_dra_plugin",
     "kroce_e2e",
+    "kroce_inventory",
+    "kroce_kubelet_uds",
     "kroce_node_agent",
     "kroce_nri",
     "kroce_operator",

@@ -10,24 +10,13 @@
 
 use crate::cdi;
 use crate::device_info::{self, DeviceInfo};
-use crate::inventory::Candidate;
 use crate::snapshot::PoolSnapshot;
-use kroce_contracts::device_facts::DeviceFacts;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Where `/dev` is on the node for the container runtime. Device specs name
-/// host paths as the runtime sees them, whatever `--dev-root` this process
-/// reads from.
-pub const RUNTIME_DEV_DIR: &str = "/dev";
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceNode {
-    pub container_path: String,
-    pub host_path: String,
-    pub permissions: String,
-}
+/// What a device gives a container is the same for both front ends:
+/// `kroce_inventory`'s.
+pub use kroce_inventory::device_nodes::{DeviceNode, RUNTIME_DEV_DIR, device_facts, device_nodes};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,42 +42,6 @@ pub enum AllocateError {
         id: String,
         reasons: String,
     },
-}
-
-/// The device nodes of one device: its uverbs/umad/issm and `rdma_cm`.
-pub fn device_nodes(c: &Candidate) -> Vec<DeviceNode> {
-    let Some(r) = &c.rdma else {
-        return Vec::new();
-    };
-    let mut names: Vec<&str> = r.char_devices.iter().map(|n| n.name.as_str()).collect();
-    if c.rdma_cm {
-        names.push("rdma_cm");
-    }
-    names
-        .into_iter()
-        .map(|n| DeviceNode {
-            container_path: format!("/dev/infiniband/{n}"),
-            host_path: format!("{RUNTIME_DEV_DIR}/infiniband/{n}"),
-            permissions: "rw".into(),
-        })
-        .collect()
-}
-
-/// The facts a pod reads about one device from its env (the device
-/// plugin's `PCIDEVICE_<RES>_INFO` and the DRA plugin's
-/// `KROCE_DRA_<DEV>_INFO`): one function, so both front ends say the same.
-pub fn device_facts(c: &Candidate, nodes: &[DeviceNode]) -> DeviceFacts {
-    let gid = c.rdma.as_ref().and_then(|r| r.roce_v2_gid);
-    DeviceFacts {
-        pci_address: c.pci.map(|p| p.to_string()),
-        pf_pci_address: c.pf.filter(|pf| Some(*pf) != c.pci).map(|p| p.to_string()),
-        rdma_device: c.rdma.as_ref().map(|r| r.name.clone()),
-        char_devices: nodes.iter().map(|n| n.container_path.clone()).collect(),
-        netdev: c.netdev.as_ref().map(|n| n.name.clone()),
-        numa_node: c.numa,
-        roce_v2_gid_index: gid.map(|g| g.0),
-        roce_v2_gid_ipv4: gid.map(|g| g.1.to_string()),
-    }
 }
 
 /// Validates every requested ID (known and healthy) and builds the

@@ -3,100 +3,16 @@
 //! `kroce.io/<class>` (class = resource name with `/` as `_`), and Allocate
 //! returns fully qualified names like `kroce.io/rdma_vf=0000-3b-00.2`.
 
-use crate::allocation::device_nodes;
 use crate::inventory::Candidate;
 use crate::resource_name::{ResourceName, VENDOR_DOMAIN};
 use crate::snapshot::PoolSnapshot;
-use serde::{Deserialize, Serialize};
-use std::os::unix::fs::MetadataExt;
+/// The spec file's shape is a contract (the DRA plugin writes it too).
+pub use kroce_contracts::cdi::{
+    CDI_VERSION, ContainerEdits, Device, DeviceNode, Spec, device_name,
+};
+use kroce_inventory::device_nodes::device_nodes;
+pub use kroce_inventory::device_nodes::device_nodes_on;
 use std::path::Path;
-
-/// hostPath on device nodes needs 0.5.0; 0.6.0 is widely supported
-/// (containerd 1.7+, CRI-O 1.28+).
-pub const CDI_VERSION: &str = "0.6.0";
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Spec {
-    pub cdi_version: String,
-    pub kind: String,
-    pub devices: Vec<Device>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Device {
-    pub name: String,
-    pub container_edits: ContainerEdits,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerEdits {
-    pub device_nodes: Vec<DeviceNode>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceNode {
-    pub path: String,
-    pub host_path: String,
-    pub permissions: String,
-    /// The node's permission bits in the container (CDI `fileMode`, a
-    /// number). Without it runtimes create the node 0666 (containerd 2.1
-    /// was seen to), wider than the host's `umadN` 0600: copied from the
-    /// host node, with its owner.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file_mode: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gid: Option<u32>,
-}
-
-/// The CDI device nodes of one device, each with the permission bits and
-/// owner of the host's node under `dev_infiniband` (the plugin's view of
-/// the host's `/dev/infiniband`). A node that cannot be read (gone in the
-/// meantime) goes without them: the runtime's defaults, as before.
-pub fn device_nodes_on(c: &Candidate, dev_infiniband: &Path) -> Vec<DeviceNode> {
-    device_nodes(c)
-        .into_iter()
-        .map(|n| {
-            let name = n.container_path.rsplit('/').next().unwrap_or_default();
-            let meta = std::fs::metadata(dev_infiniband.join(name)).ok();
-            DeviceNode::new(n, meta.as_ref())
-        })
-        .collect()
-}
-
-impl DeviceNode {
-    /// The CDI entry of one device node; mode and owner from the host
-    /// node's `meta` when it was read.
-    pub fn new(n: crate::allocation::DeviceNode, meta: Option<&std::fs::Metadata>) -> Self {
-        DeviceNode {
-            path: n.container_path,
-            host_path: n.host_path,
-            permissions: n.permissions,
-            file_mode: meta.map(|m| m.mode() & 0o777),
-            uid: meta.map(MetadataExt::uid),
-            gid: meta.map(MetadataExt::gid),
-        }
-    }
-}
-
-/// A CDI device name for a device ID. CDI names allow letters, digits,
-/// `-`, `_`, `.`; the `:` of PCI addresses becomes `-`.
-pub fn device_name(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
 
 /// `kroce.io/rdma_vf=0000-3b-00.2`.
 pub fn qualified_name(resource: &ResourceName, id: &str) -> String {
@@ -115,7 +31,7 @@ pub fn spec_for_pool(pool: &PoolSnapshot) -> Option<Spec> {
     spec_with(pool, |c| {
         device_nodes(c)
             .into_iter()
-            .map(|n| DeviceNode::new(n, None))
+            .map(|n| n.into_cdi(None))
             .collect()
     })
 }
@@ -174,7 +90,7 @@ mod tests {
         use crate::host_view::HostView;
         use crate::inventory::{Memory, candidates};
         use crate::snapshot::Snapshot;
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let (_dir, fx) = crate::testing::connectx_pair();
         let dev = fx.root().dev_infiniband();
         for e in std::fs::read_dir(&dev).unwrap() {

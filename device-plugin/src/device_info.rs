@@ -1,29 +1,16 @@
 //! Device-info files (k8snetworkplumbingwg device-info-spec 1.1.0): what
 //! Multus and kroce's CNI read to learn which VF a pod got, at
 //! `<devinfo-dir>/<resource with / as ->-<device id>-device.json`. The
-//! format is [`kroce_contracts::device_info`]; here, what a candidate's is.
+//! format is [`kroce_contracts::device_info`], what a candidate's is
+//! [`kroce_inventory::device_info`]; here, the file name of a resource's device.
 
-use crate::inventory::{Candidate, DeviceKind};
 use crate::resource_name::ResourceName;
 pub use kroce_contracts::device_info::{DeviceInfo, PciInfo, SPEC_VERSION};
+pub use kroce_inventory::device_info::for_candidate;
 
 /// The file name for one device of a resource.
 pub fn file_name(resource: &ResourceName, device_id: &str) -> String {
     kroce_contracts::device_info::file_name(&resource.device_info_prefix(), device_id)
-}
-
-/// The device-info of a candidate; `None` for a soft device with no PCI
-/// function behind its netdev (the spec requires a PCI address).
-pub fn for_candidate(c: &Candidate) -> Option<DeviceInfo> {
-    let pci = c.pci?;
-    Some(DeviceInfo::pci(
-        pci.to_string(),
-        match c.kind {
-            DeviceKind::Vf => c.pf.map(|p| p.to_string()),
-            _ => None,
-        },
-        c.rdma.as_ref().map(|r| r.name.clone()),
-    ))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use crate::cdi;
 use crate::config::{self, Config, ConfigError, Format};
 use crate::device_info;
-use crate::files::{self, FileError};
+use crate::files::{self, AtomicFileError};
 use crate::host_view::{self, HostView};
 use crate::in_use::{InUse, Source};
 use crate::inventory::{self, Memory};
@@ -127,7 +127,7 @@ pub enum RunError {
     #[error(transparent)]
     Watch(#[from] WatchError),
     #[error(transparent)]
-    Dir(#[from] FileError),
+    Dir(#[from] AtomicFileError),
 }
 
 /// Runs until `shutdown` completes, then stops every pool, removes its

@@ -470,20 +470,8 @@ pub fn health_of<'a>(devices: &'a [api::Device], id: &str) -> Option<&'a str> {
         .map(|d| d.health.as_str())
 }
 
-/// A temp dir under `/dev/shm` when it is usable, else the default temp dir.
-/// Removed on drop.
-pub fn scratch_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
-    let shm = Path::new("/dev/shm");
-    let on_shm = if shm.is_dir() {
-        tempfile::Builder::new().prefix(prefix).tempdir_in(shm).ok()
-    } else {
-        None
-    };
-    match on_shm {
-        Some(d) => Ok(d),
-        None => tempfile::Builder::new().prefix(prefix).tempdir(),
-    }
-}
+/// Moved to the fixture host builder; kept here for the plugin's tests.
+pub use sriov_helpers::fixture::scratch_dir;
 
 /// The two-port ConnectX-6 Dx host of [`FixtureHost::connectx6dx_pair`]
 /// in a [`scratch_dir`]; keep the dir alive as long as the host.

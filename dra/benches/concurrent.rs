@@ -9,7 +9,6 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::future::join_all;
-use kroce_device_plugin::inventory::{DeviceKind, Memory};
 use kroce_dra::claims::ClaimRef;
 use kroce_dra::driver::DRIVER_NAME;
 use kroce_dra::facts::HostFacts;
@@ -19,6 +18,7 @@ use kroce_dra::slice;
 use kroce_dra::testing::{
     InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim, scratch_dir,
 };
+use kroce_inventory::inventory::{DeviceKind, Memory};
 use sriov_helpers::fixture::FixtureHost;
 use std::collections::BTreeSet;
 use std::sync::Arc;

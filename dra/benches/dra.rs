@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kroce_device_plugin::inventory::Memory;
 use kroce_dra::claims::ClaimRef;
 use kroce_dra::driver::DRIVER_NAME;
 use kroce_dra::facts::HostFacts;
@@ -14,6 +13,7 @@ use kroce_dra::slice::{self, Pool};
 use kroce_dra::testing::{
     InMemoryClaims, KubeletDraStandIn, RecordingPublisher, allocated_claim, many_at, scratch_dir,
 };
+use kroce_inventory::inventory::Memory;
 use sriov_helpers::fixture::FixtureHost;
 use std::collections::BTreeSet;
 use std::hint::black_box;

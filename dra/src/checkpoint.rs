@@ -7,9 +7,9 @@
 //! [`CheckpointStore`] is the narrow edge the driver state writes through:
 //! [`FileCheckpoint`] on a node, a counting or slow one in tests.
 
+use kroce_contracts::atomic_file::{self, AtomicFileError, Modes};
 use kroce_contracts::dra_checkpoint::{self as contract, LoadError};
 pub use kroce_contracts::dra_checkpoint::{Checkpoint, FILE_NAME, VERSION};
-use kroce_device_plugin::files::{self, FileError};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +19,7 @@ pub enum CheckpointError {
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error(transparent)]
-    Write(#[from] FileError),
+    Write(#[from] AtomicFileError),
     #[error("checkpoint {path}: the write was lost: {message}")]
     Lost { path: PathBuf, message: String },
 }
@@ -73,5 +73,5 @@ pub fn save(cp: &Checkpoint, path: &Path) -> Result<(), CheckpointError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    Ok(files::write_atomic(path, &bytes)?)
+    Ok(atomic_file::write(path, &bytes, Modes::SHARED)?)
 }

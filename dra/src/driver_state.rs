@@ -16,7 +16,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, FileCheckp
 use crate::claims::{ClaimError, ClaimRef, ClaimSource, allocation_of};
 use crate::prepare::{self, Paths, PlanError, PreparedClaim, PreparedDevice};
 use crate::slice::Published;
-use kroce_device_plugin::files::{self, FileError};
+use kroce_contracts::atomic_file::{self, AtomicFileError, Modes};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,7 +36,7 @@ pub enum PrepareError {
     Write {
         claim: String,
         #[source]
-        source: FileError,
+        source: AtomicFileError,
     },
     #[error("claim {claim}: {source} (prepared files removed again)")]
     Checkpoint {
@@ -317,7 +317,7 @@ impl Inner {
         let written = tokio::task::spawn_blocking(move || write_all(&writes))
             .await
             .unwrap_or_else(|e| {
-                Err(FileError {
+                Err(AtomicFileError {
                     action: "write",
                     path: PathBuf::from(format!("prepared files of claim {claim}")),
                     source: std::io::Error::other(e.to_string()),
@@ -351,7 +351,7 @@ impl Inner {
         let mut errors = tokio::task::spawn_blocking(move || {
             files
                 .iter()
-                .filter_map(|p| files::remove(p).err().map(|e| e.to_string()))
+                .filter_map(|p| atomic_file::remove(p).err().map(|e| e.to_string()))
                 .collect::<Vec<String>>()
         })
         .await
@@ -455,14 +455,15 @@ async fn write_queued(book: Arc<Mutex<Book>>, store: Arc<dyn CheckpointStore>) {
     }
 }
 
-/// Writes `writes` all or nothing (one group fsync: `files::write_atomic_all`).
-fn write_all(writes: &[(PathBuf, Vec<u8>)]) -> Result<(), FileError> {
-    files::write_atomic_all(writes)
+/// Writes `writes` all or nothing, 0644 (one group fsync:
+/// [`atomic_file::write_all`]).
+fn write_all(writes: &[(PathBuf, Vec<u8>)]) -> Result<(), AtomicFileError> {
+    atomic_file::write_all(writes, Modes::SHARED)
 }
 
 fn remove_all(paths: &[PathBuf]) {
     for p in paths {
-        if let Err(e) = files::remove(p) {
+        if let Err(e) = atomic_file::remove(p) {
             tracing::warn!(error = %e, "cannot remove a file of a failed prepare");
         }
     }

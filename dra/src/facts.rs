@@ -3,8 +3,8 @@
 //! ResourceSlice carries that candidates do not: each PCI function's PCIe
 //! root complex and each RDMA port's speed and RoCE v2 support.
 
-use kroce_device_plugin::host_view::HostView;
-use kroce_device_plugin::inventory::{Candidate, Memory, candidates};
+use kroce_inventory::host_view::HostView;
+use kroce_inventory::inventory::{Candidate, Memory, candidates};
 use sriov_helpers::{HostRoot, PciAddress};
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -18,7 +18,7 @@ use crate::slice::Published;
 use kroce_contracts::network_attach::{
     self, AttachRequest, AttachResult, DeviceAttach, FILE_VERSION, FileKind,
 };
-use kroce_device_plugin::inventory::DeviceKind;
+use kroce_inventory::inventory::DeviceKind;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -363,7 +363,7 @@ mod tests {
     use std::sync::Mutex;
 
     fn published(kind: DeviceKind, shared: Option<u32>) -> Published {
-        use kroce_device_plugin::inventory::{Candidate, NetdevState, RdmaState};
+        use kroce_inventory::inventory::{Candidate, NetdevState, RdmaState};
         Published {
             device: Default::default(),
             candidate: Candidate {

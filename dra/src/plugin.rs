@@ -20,10 +20,10 @@ use crate::sharing::SharingRules;
 use crate::slice::{self, Pool, Sharing};
 use futures::{FutureExt, StreamExt};
 use inotify::{Inotify, WatchMask};
-use kroce_device_plugin::files;
-use kroce_device_plugin::grpc_uds;
-use kroce_device_plugin::inventory::Memory;
-use kroce_device_plugin::uds::{self, FileId, UdsError};
+use kroce_contracts::atomic_file::{self, AtomicFileError, Modes};
+use kroce_inventory::inventory::Memory;
+use kroce_kubelet_uds::grpc_uds;
+use kroce_kubelet_uds::uds::{self, FileId, UdsError};
 use sriov_helpers::HostRoot;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub enum PluginError {
     #[error(transparent)]
     Socket(#[from] UdsError),
     #[error(transparent)]
-    Dir(#[from] files::FileError),
+    Dir(#[from] AtomicFileError),
 }
 
 /// A gRPC server on a unix socket until stopped.
@@ -150,7 +150,7 @@ impl Plugin {
         claims: Arc<dyn ClaimSource>,
         publisher: Arc<dyn SlicePublisher>,
     ) -> Result<Plugin, PluginError> {
-        files::ensure_dir(&opts.state_dir)?;
+        atomic_file::ensure_dir(&opts.state_dir, Modes::SHARED.dir)?;
         let state = Arc::new(DriverState::open(
             &opts.node,
             opts.paths.clone(),
@@ -167,9 +167,9 @@ impl Plugin {
         let service_path = driver::service_socket(&opts.kubelet_dir);
         let registry = opts.kubelet_dir.join(driver::PLUGINS_REGISTRY);
         if let Some(dir) = service_path.parent() {
-            files::ensure_dir(dir)?;
+            atomic_file::ensure_dir(dir, Modes::SHARED.dir)?;
         }
-        files::ensure_dir(&registry)?;
+        atomic_file::ensure_dir(&registry, Modes::SHARED.dir)?;
         let service = Serving::start(
             &service_path,
             tonic::transport::Server::builder()
@@ -321,7 +321,7 @@ async fn run(
         if !registration.in_place() {
             // Gone (or replaced): the kubelet only learns of us from a new
             // socket in its registry dir.
-            let _ = files::ensure_dir(&registry);
+            let _ = atomic_file::ensure_dir(&registry, Modes::SHARED.dir);
             match bind_registration(&reg_path) {
                 Ok(new) => {
                     tracing::info!(path = %reg_path.display(), "registration socket re-created");

@@ -24,11 +24,11 @@ use crate::claims::{Allocation, ClaimRef};
 use crate::config::{self, ClaimConfig, ConfigError};
 use crate::driver::DRIVER_NAME;
 use crate::slice::Published;
+use kroce_contracts::cdi::CDI_VERSION;
 use kroce_contracts::memlock_file::{self, AttachmentMemlock, SandboxMemlock};
 use kroce_contracts::network_attach;
-use kroce_device_plugin::allocation::{device_facts, device_nodes};
-use kroce_device_plugin::cdi::CDI_VERSION;
-use kroce_device_plugin::inventory::Candidate;
+use kroce_inventory::device_nodes::{device_facts, device_nodes};
+use kroce_inventory::inventory::Candidate;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -160,7 +160,7 @@ pub struct CdiEdits {
 }
 
 /// One CDI device node: the device plugin's (mode and owner included).
-pub type CdiNode = kroce_device_plugin::cdi::DeviceNode;
+pub type CdiNode = kroce_contracts::cdi::DeviceNode;
 
 fn encode<T: Serialize>(what: &Path, v: &T) -> Result<Vec<u8>, PlanError> {
     serde_json::to_vec_pretty(v).map_err(|e| PlanError::Encode {
@@ -194,8 +194,8 @@ fn cdi_device(claim: &ClaimRef, device: &str, c: &Candidate, paths: &Paths) -> C
         container_edits: CdiEdits {
             env,
             device_nodes: match &paths.dev_infiniband {
-                Some(dir) => kroce_device_plugin::cdi::device_nodes_on(c, dir),
-                None => nodes.into_iter().map(|n| CdiNode::new(n, None)).collect(),
+                Some(dir) => kroce_inventory::device_nodes::device_nodes_on(c, dir),
+                None => nodes.into_iter().map(|n| n.into_cdi(None)).collect(),
             },
         },
     }

@@ -17,9 +17,10 @@
 use crate::config::{ClaimConfig, ConfigError, NetnsMode};
 use crate::prepare::PlanError;
 use crate::slice::{Published, Sharing, device_name, is_shared_slot, slot_of};
-use kroce_device_plugin::config::{self as dp_config, ConfigError as DpConfigError};
-use kroce_device_plugin::device_info::{self, DeviceInfo};
-use kroce_device_plugin::inventory::Candidate;
+use kroce_contracts::device_info::DeviceInfo;
+use kroce_inventory::config::{self as dp_config, ConfigError as DpConfigError};
+use kroce_inventory::device_info;
+use kroce_inventory::inventory::Candidate;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

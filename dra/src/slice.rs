@@ -29,10 +29,10 @@ use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kroce_device_plugin::config::{Config, Mode, Pool as PluginPool};
-use kroce_device_plugin::health;
-use kroce_device_plugin::inventory::{Candidate, DeviceKind};
-use kroce_device_plugin::selection;
+use kroce_inventory::config::{Config, Mode, Pool as PluginPool};
+use kroce_inventory::health;
+use kroce_inventory::inventory::{Candidate, DeviceKind};
+use kroce_inventory::selection;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The standard attribute naming a device's PCIe root complex.
@@ -440,7 +440,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kroce_device_plugin::inventory::Memory;
+    use kroce_inventory::inventory::Memory;
     use sriov_helpers::fixture::FixtureHost;
 
     fn attr<'a>(d: &'a Device, k: &str) -> &'a DeviceAttribute {

@@ -32,7 +32,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use kroce_device_plugin::uds::{self, FileId};
+use kroce_kubelet_uds::uds::{self, FileId};
 use sriov_helpers::fixture::FixtureHost;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -772,7 +772,7 @@ impl PluginRig {
 
 /// A temp dir on tmpfs when there is one (fixture hosts are many small files).
 pub fn scratch_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
-    kroce_device_plugin::testing::scratch_dir(prefix)
+    sriov_helpers::fixture::scratch_dir(prefix)
 }
 
 /// [`FixtureHost::many`] (`pfs` ConnectX-6 Dx PFs with `vfs` VFs each,

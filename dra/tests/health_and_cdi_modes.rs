@@ -2,12 +2,12 @@
 //! nodes' modes in the CDI specs (item 5), through the sockets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use kroce_device_plugin::uds;
 use kroce_dra::api::health::dra_resource_health_client::DraResourceHealthClient;
 use kroce_dra::api::health::{HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse};
 use kroce_dra::config::ConfigSource;
 use kroce_dra::driver;
 use kroce_dra::testing::{PluginRig, driver_config};
+use kroce_kubelet_uds::uds;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};

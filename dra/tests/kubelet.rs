@@ -713,10 +713,10 @@ async fn info_logs_show_start_registration_prepare_and_unprepare() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_prepares_share_checkpoint_writes() {
     use futures::future::join_all;
-    use kroce_device_plugin::inventory::{DeviceKind, Memory};
     use kroce_dra::driver_state::DriverState;
     use kroce_dra::facts::HostFacts;
     use kroce_dra::testing::SlowCheckpoint;
+    use kroce_inventory::inventory::{DeviceKind, Memory};
     use std::sync::Arc;
 
     const SAVE: Duration = Duration::from_millis(200);

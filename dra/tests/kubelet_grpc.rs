@@ -9,10 +9,10 @@
 //! closure; skipped without them except in CI).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use kroce_device_plugin::grpc_uds::frames::raw_grpc_calls;
 use kroce_dra::api::registration;
 use kroce_dra::driver::{self, DRIVER_NAME};
 use kroce_dra::testing::PluginRig;
+use kroce_kubelet_uds::grpc_uds::frames::raw_grpc_calls;
 use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -8,12 +8,12 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use kroce_contracts::network_attach::{self, AttachRequest};
-use kroce_device_plugin::config::{Format, parse};
 use kroce_dra::claims::ClaimRef;
 use kroce_dra::config::ConfigSource;
 use kroce_dra::plugin::Plugin;
 use kroce_dra::slice::Sharing;
 use kroce_dra::testing::{ConfigEntry, KubeletDraStandIn, PluginRig, driver_config};
+use kroce_inventory::config::{Format, parse};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -4,8 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::resource::v1::Device;
-use kroce_device_plugin::config::{Format, parse};
-use kroce_device_plugin::inventory::Memory;
 use kroce_dra::config::ConfigSource;
 use kroce_dra::driver::DRIVER_NAME;
 use kroce_dra::facts::HostFacts;
@@ -15,6 +13,8 @@ use kroce_dra::slice::{self, Published, SHARED_ATTRIBUTE, Sharing};
 use kroce_dra::testing::{
     ConfigEntry, PluginRig, RecordingPublisher, driver_config, rdma_device_nodes, scratch_dir,
 };
+use kroce_inventory::config::{Format, parse};
+use kroce_inventory::inventory::Memory;
 use serde_json::json;
 use sriov_helpers::PciAddress;
 use sriov_helpers::fixture::FixtureHost;

@@ -2,6 +2,7 @@
 //! and the reader are [`kroce_contracts::nri_status`] (the node agent and
 //! `doctor` read it from there); here, where the plugin puts it.
 
+use kroce_contracts::atomic_file::{self, Modes};
 use std::path::{Path, PathBuf};
 
 pub use kroce_contracts::nri_status::{
@@ -36,10 +37,12 @@ impl StatusPath {
 }
 
 impl StatusSink for StatusPath {
-    /// kroce-cni's atomic write (a temp file named per process, so a plugin
-    /// restarting next to its predecessor does not write into the other's
-    /// temp file): the file lives in kroce-cni's state dir, created 0700 if
-    /// the plugin connects before kroce-cni's first ADD made it.
+    /// kroce's one atomic write (a temp file with a unique name, so a
+    /// plugin restarting next to its predecessor does not write into the
+    /// other's temp file; fsynced, renamed, the directory fsynced: a status
+    /// written a moment before a crash is there after it). The file lives
+    /// in kroce-cni's state dir, created 0700 if the plugin connects before
+    /// kroce-cni's first ADD made it.
     fn write(&self, status: &StatusFile) -> Result<(), StatusError> {
         let path = &self.0;
         let bytes =
@@ -47,9 +50,9 @@ impl StatusSink for StatusPath {
                 path: path.clone(),
                 source,
             })?;
-        kroce_cni::state::write_atomic(path, &bytes).map_err(|source| StatusError::Io {
+        atomic_file::write(path, &bytes, Modes::PRIVATE).map_err(|e| StatusError::Io {
             path: path.clone(),
-            source,
+            source: std::io::Error::new(e.source.kind(), e.to_string()),
         })
     }
 }

@@ -872,6 +872,22 @@ struct RdmaLayout<'a> {
     pci: bool,
 }
 
+/// A temp dir under `/dev/shm` when it is usable, else the default temp
+/// dir; removed on drop. Fixture hosts are thousands of small files, and a
+/// busy disk makes tests crawl.
+pub fn scratch_dir(prefix: &str) -> io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    let on_shm = if shm.is_dir() {
+        tempfile::Builder::new().prefix(prefix).tempdir_in(shm).ok()
+    } else {
+        None
+    };
+    match on_shm {
+        Some(d) => Ok(d),
+        None => tempfile::Builder::new().prefix(prefix).tempdir(),
+    }
+}
+
 /// Runs `f` and returns with its result the number of syscalls the host
 /// model's sysfs layer issued on this thread meanwhile: the measure scan
 /// budgets are held to (wall time on a shared CI machine is too noisy).

@@ -5,7 +5,7 @@
 //! pool (index and resource name) and the field, e.g.
 //! `pool 1 (rdma/vf2): selectors.pfNames[0]: invalid VF range "ens1f0#3-1": range "3-1" is backwards`.
 
-use crate::resource_name::ResourceName;
+use kroce_contracts::ResourceName;
 use serde_json::{Map, Value};
 use sriov_helpers::{PciAddress, PfSelector};
 use std::path::{Path, PathBuf};
