@@ -1,97 +1,12 @@
 //! Link-layer and IP address values as the CNI protocol and netlink carry
 //! them: MAC addresses and `ip/prefix` pairs.
 
-use std::fmt;
-use std::net::IpAddr;
-use std::str::FromStr;
-
 /// An Ethernet MAC address: the one grammar every kroce component parses.
 pub use kroce_contracts::mac::Mac;
 
-/// An address with its prefix length, `10.1.0.5/24` (host bits kept: this
-/// is an interface address, not only a network).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IpNet {
-    pub addr: IpAddr,
-    pub prefix: u8,
-}
-
-impl IpNet {
-    pub fn new(addr: IpAddr, prefix: u8) -> Result<IpNet, String> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        if prefix > max {
-            return Err(format!("prefix /{prefix} is longer than {max}"));
-        }
-        Ok(IpNet { addr, prefix })
-    }
-
-    pub fn is_ipv4(&self) -> bool {
-        self.addr.is_ipv4()
-    }
-
-    /// The IPv4 broadcast address of the subnet, when it has one (/31 and /32
-    /// do not).
-    pub fn ipv4_broadcast(&self) -> Option<std::net::Ipv4Addr> {
-        match self.addr {
-            IpAddr::V4(a) if self.prefix < 31 => {
-                let host_mask = u32::MAX >> self.prefix;
-                Some(std::net::Ipv4Addr::from(u32::from(a) | host_mask))
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether `ip` lies inside this subnet.
-    pub fn contains(&self, ip: &IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(a), IpAddr::V4(b)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - u32::from(self.prefix))
-                };
-                u32::from(a) & mask == u32::from(*b) & mask
-            }
-            (IpAddr::V6(a), IpAddr::V6(b)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - u32::from(self.prefix))
-                };
-                u128::from(a) & mask == u128::from(*b) & mask
-            }
-            _ => false,
-        }
-    }
-}
-
-impl fmt::Display for IpNet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-impl FromStr for IpNet {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (a, p) = s
-            .split_once('/')
-            .ok_or_else(|| "expected ADDRESS/PREFIX".to_string())?;
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{a:?} is not an IP address"))?;
-        if p.is_empty() || p.len() > 3 || !p.chars().all(|c| c.is_ascii_digit()) {
-            return Err(format!("{p:?} is not a prefix length"));
-        }
-        let prefix: u8 = p
-            .parse()
-            .map_err(|_| format!("{p:?} is not a prefix length"))?;
-        IpNet::new(addr, prefix)
-    }
-}
-
-sriov_helpers::serde_via_str!(IpNet);
+/// An address with its prefix length (defined in kroce-contracts, shared
+/// with kroce-netlink).
+pub use kroce_contracts::ip_net::IpNet;
 
 #[cfg(test)]
 mod tests {
@@ -111,30 +26,6 @@ mod tests {
             "2:0:0:0:0:0",
         ] {
             assert!(bad.parse::<Mac>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn ipnet_parse_and_broadcast() {
-        let n: IpNet = "10.1.2.3/24".parse().unwrap();
-        assert_eq!(n.ipv4_broadcast().unwrap().to_string(), "10.1.2.255");
-        assert!(n.contains(&"10.1.2.200".parse().unwrap()));
-        assert!(!n.contains(&"10.1.3.1".parse().unwrap()));
-        assert_eq!(
-            "10.0.0.1/32".parse::<IpNet>().unwrap().ipv4_broadcast(),
-            None
-        );
-        let v6: IpNet = "fd00::5/64".parse().unwrap();
-        assert!(v6.contains(&"fd00::1".parse().unwrap()));
-        for bad in [
-            "10.0.0.1",
-            "10.0.0.1/33",
-            "fd00::1/129",
-            "x/24",
-            "10.0.0.1/-1",
-            "10.0.0.1/",
-        ] {
-            assert!(bad.parse::<IpNet>().is_err(), "{bad}");
         }
     }
 }

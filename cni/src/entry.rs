@@ -6,10 +6,10 @@ use crate::config::{self, peek_version};
 use crate::ipam::ExecIpam;
 use crate::links::RtnlOpener;
 use crate::log::{LogLevel, Logger};
-use crate::netns::Netns;
 use crate::protocol::{CniEnv, CniError, CniVersion, Command, code};
 use crate::rdma::NetlinkRdma;
 use crate::vf_config::RtnlVfConfig;
+use kroce_netlink::netns::Netns;
 
 /// The result of one invocation.
 #[derive(Debug, Clone, PartialEq, Eq)]

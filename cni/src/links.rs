@@ -3,10 +3,10 @@
 //! implementation is one rtnetlink socket per netns.
 
 use crate::addr::{IpNet, Mac};
-use crate::netlink::route::{self, LinkInfo};
-use crate::netlink::{MsgBuilder, NlError, NlSocket};
-use crate::netns::Netns;
 use crate::protocol::Route;
+use kroce_netlink::netns::Netns;
+use kroce_netlink::route::{self, LinkInfo};
+use kroce_netlink::{MsgBuilder, NlError, NlSocket};
 use nix::errno::Errno;
 use nix::sys::socket::SockProtocol;
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -4,10 +4,10 @@
 use crate::addr::Mac;
 use crate::config::{NetConf, RdmaPolicy};
 use crate::memlock::Memlock;
-use crate::netlink::rdma::RdmaNetnsMode;
 use crate::protocol::{CniError, code};
 use crate::vf::{Target, VfTarget};
-use crate::vf_attrs::{VfSetting, VfState, VlanProto};
+use kroce_netlink::rdma::RdmaNetnsMode;
+use kroce_netlink::vf_attrs::{VfSetting, VfState, VlanProto};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddPlan {

@@ -3,9 +3,9 @@
 //! of the kernel (`testing` feature) behind the same [`NetlinkRdma`] logic
 //! and compare the exact bytes and the netns each request came from.
 
-use crate::netlink::rdma::{self as msgs, RdmaNetnsMode};
-use crate::netlink::{MsgBuilder, NlError, NlSocket};
-use crate::netns::Netns;
+use kroce_netlink::netns::Netns;
+use kroce_netlink::rdma::{self as msgs, RdmaNetnsMode};
+use kroce_netlink::{MsgBuilder, NlError, NlSocket};
 use nix::errno::Errno;
 use nix::sys::socket::SockProtocol;
 use std::os::fd::AsRawFd;

@@ -14,10 +14,10 @@
 //! trusted to say which VF an attachment holds and what to restore.
 
 use crate::addr::Mac;
-use crate::netlink::route::LinkInfo;
 use crate::vf::{DeviceKey, Target};
-use crate::vf_attrs::{VfSetting, VfState};
 use kroce_contracts::atomic_file::{Modes, TempFile};
+use kroce_netlink::route::LinkInfo;
+use kroce_netlink::vf_attrs::{VfSetting, VfState};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use std::io;

@@ -276,7 +276,7 @@ pub enum NotTheDevice {
 /// `Err` says why not, naming the link and the device.
 pub fn host_link_is(
     root: &HostRoot,
-    l: &crate::netlink::route::LinkInfo,
+    l: &kroce_netlink::route::LinkInfo,
     target: &Target,
 ) -> Result<(), NotTheDevice> {
     let (name, index) = (l.name.clone(), l.index);
@@ -523,7 +523,7 @@ mod tests {
         h.add_rxe("rxe_t0", "veth_t0").unwrap();
         let root = h.root();
         let vf = Target::Vf(resolve(&root, "0000:3b:00.4".parse().unwrap()).unwrap());
-        let link = |name: &str, parent: Option<&str>| crate::netlink::route::LinkInfo {
+        let link = |name: &str, parent: Option<&str>| kroce_netlink::route::LinkInfo {
             index: 9,
             name: name.into(),
             mac: None,

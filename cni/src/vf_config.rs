@@ -2,10 +2,10 @@
 //! Needs SR-IOV hardware: the real implementation is written for it; tests
 //! use the recording one (`testing` feature) and compare the exact bytes.
 
-use crate::netlink::route::{self, IFLA_VFINFO_LIST};
-use crate::netlink::{MsgBuilder, NlError, NlSocket};
-use crate::netns::Netns;
-use crate::vf_attrs::{VfSetting, VfState};
+use kroce_netlink::netns::Netns;
+use kroce_netlink::route::{self, IFLA_VFINFO_LIST};
+use kroce_netlink::vf_attrs::{VfSetting, VfState};
+use kroce_netlink::{MsgBuilder, NlError, NlSocket};
 use nix::errno::Errno;
 use nix::sys::socket::SockProtocol;
 

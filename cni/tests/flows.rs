@@ -2,13 +2,13 @@
 //! ADD/CHECK/DEL/GC in-process against real netns, real veth VF stand-ins,
 //! real host-local IPAM and recording PF/RDMA backends. Needs root.
 
-use kroce_cni::netlink::rdma::RdmaNetnsMode;
-use kroce_cni::netlink::route;
 use kroce_cni::protocol::code;
 use kroce_cni::testing::{
     Faults, NetnsGuard, RecordingRdma, RecordingVfConfig, TestBed, hex, skip_without_netns,
 };
 use kroce_cni::vf_attrs::{LinkState, VfSetting, VlanProto};
+use kroce_netlink::rdma::RdmaNetnsMode;
+use kroce_netlink::route;
 use serde_json::{Value, json};
 
 /// The RDMA device the fixture gives VF `i` of ens1f0.
@@ -1142,12 +1142,12 @@ fn real_pf_backend_messages_are_accepted_by_the_kernel() {
     // missing driver op.
     let ns = bed.host.open().unwrap();
     let mut sock =
-        kroce_cni::netlink::NlSocket::open_in(&ns, nix::sys::socket::SockProtocol::NetlinkRoute)
+        kroce_netlink::NlSocket::open_in(&ns, nix::sys::socket::SockProtocol::NetlinkRoute)
             .unwrap();
     let idx = route::parse_link(&sock.request(&route::get_link_by_name("pfstand")).unwrap()[0])
         .unwrap()
         .index;
-    let mut bad = kroce_cni::netlink::MsgBuilder::new(route::RTM_SETLINK, 5)
+    let mut bad = kroce_netlink::MsgBuilder::new(route::RTM_SETLINK, 5)
         .family_header(&route::ifinfomsg(idx, 0, 0));
     bad.begin_nest(route::IFLA_VFINFO_LIST)
         .begin_nest(route::IFLA_VF_INFO)
@@ -1254,7 +1254,7 @@ fn soft_device_add_check_del_round_trip() {
     if skip_without_netns("soft_device_add_check_del_round_trip") {
         return;
     }
-    use kroce_cni::netlink::rdma::new_link;
+    use kroce_netlink::rdma::new_link;
     let bed = soft_bed();
     let host_id = bed.host.open().unwrap().id();
     let pod_id = bed.pod.open().unwrap().id();
@@ -1733,7 +1733,7 @@ fn rxe_on_a_vf_is_made_again_in_the_pod_and_back_on_the_host() {
     if skip_without_netns("rxe_on_a_vf_is_made_again_in_the_pod_and_back_on_the_host") {
         return;
     }
-    use kroce_cni::netlink::rdma::{RDMA_NLDEV_CMD_SET, new_link, nldev_type};
+    use kroce_netlink::rdma::{RDMA_NLDEV_CMD_SET, new_link, nldev_type};
     for (policy, made_on_host, mode) in [
         (json!("auto"), false, RdmaNetnsMode::Exclusive),
         (json!(true), true, RdmaNetnsMode::Exclusive),

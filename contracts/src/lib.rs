@@ -4,7 +4,7 @@
 //! a disruption budget, the MTU and VLAN ranges, a pool config, a CNI config and an annotation; annotation names; the
 //! memlock request file; CDI spec and device-info files and the device facts a pod reads
 //! from its env; the one atomic (and durable) file write all of them go through; the DRA driver's name, claim env and checkpoint; kroce-nri's status file and the
-//! NRI reachability check; the MAC grammar; default paths; resource names; what `--log-level` means) lives here, so the
+//! NRI reachability check; the MAC grammar and an interface address with its prefix; default paths; resource names; what `--log-level` means) lives here, so the
 //! writer and every reader share one parser and cannot drift.
 
 pub mod annotations;
@@ -15,6 +15,7 @@ pub mod device_facts;
 pub mod device_info;
 pub mod dra;
 pub mod dra_checkpoint;
+pub mod ip_net;
 pub mod link_limits;
 pub mod log;
 pub mod mac;

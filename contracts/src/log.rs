@@ -22,6 +22,7 @@ pub const KROCE_TARGETS: &[&str] = &[
     "kroce_e2e",
     "kroce_inventory",
     "kroce_kubelet_uds",
+    "kroce_netlink",
     "kroce_node_agent",
     "kroce_nri",
     "kroce_operator",

@@ -16,7 +16,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
-use kroce_cni::netlink::rdma::RdmaNetnsMode;
 use kroce_cni::protocol::{CniEnv, CniError};
 use kroce_cni::testing::testbed::CNI_BIN_DIR;
 use kroce_cni::testing::{Faults, Kit, RecordingRdma, TestBed, skip_without_netns};
@@ -31,6 +30,7 @@ use kroce_dra::testing::{ConfigEntry, InMemoryClaims, allocated_claim};
 use kroce_inventory::config::{Format, parse};
 use kroce_inventory::host_view::HostView;
 use kroce_inventory::inventory::{Memory, candidates};
+use kroce_netlink::rdma::RdmaNetnsMode;
 use kroce_nri::network::{CniOptions, CniRunner, PodFacts, PodNetwork};
 use serde_json::{Value, json};
 use std::cell::RefCell;

@@ -9,7 +9,7 @@
 //! test boots the VM itself (root, `KROCE_BIN_DIR`, QEMU and the kernel from
 //! `ci/vm-peers.sh`). It skips with the reason outside CI and fails in CI.
 
-use kroce_cni::netlink::rdma::{RdmaNetnsMode, sys_set_netns_mode};
+use kroce_netlink::rdma::{RdmaNetnsMode, sys_set_netns_mode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

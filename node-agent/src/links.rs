@@ -16,11 +16,11 @@ pub trait LinkControl: Send + Sync {
     fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError>;
 }
 
-/// The real thing: kroce-cni's synchronous netlink (one stack for the
+/// The real thing: kroce-netlink's synchronous socket (one stack for the
 /// project), one socket in the agent's netns, opened on first use and kept.
 #[derive(Debug, Default)]
 pub struct NetlinkLinks {
-    socket: std::sync::Mutex<Option<kroce_cni::netlink::NlSocket>>,
+    socket: std::sync::Mutex<Option<kroce_netlink::NlSocket>>,
 }
 
 impl NetlinkLinks {
@@ -29,17 +29,17 @@ impl NetlinkLinks {
     }
 }
 
-fn nl_io(e: kroce_cni::netlink::NlError) -> io::Error {
+fn nl_io(e: kroce_netlink::NlError) -> io::Error {
     match e {
-        kroce_cni::netlink::NlError::Socket(e) => e,
-        kroce_cni::netlink::NlError::Kernel(errno) => io::Error::from_raw_os_error(errno as i32),
+        kroce_netlink::NlError::Socket(e) => e,
+        kroce_netlink::NlError::Kernel(errno) => io::Error::from_raw_os_error(errno as i32),
         other => io::Error::other(other.to_string()),
     }
 }
 
 impl LinkControl for NetlinkLinks {
     fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError> {
-        use kroce_cni::netlink::{NlSocket, route};
+        use kroce_netlink::{NlSocket, route};
         let err = |source| LinkError {
             ifname: ifname.to_string(),
             mtu,

@@ -16,9 +16,9 @@
 //! [`plan`] is pure (table-tested); [`apply`] runs its actions over the
 //! narrow [`NetnsModeHost`].
 
-pub use kroce_cni::netlink::rdma::RdmaNetnsMode;
-use kroce_cni::netlink::rdma::{self as msgs};
-use kroce_cni::netlink::{NlError, NlSocket};
+pub use kroce_netlink::rdma::RdmaNetnsMode;
+use kroce_netlink::rdma::{self as msgs};
+use kroce_netlink::{NlError, NlSocket};
 use kroce_operator::crd::{Condition, NetnsModeRequest, RdmaNetnsModeSetting};
 use std::path::{Path, PathBuf};
 

@@ -96,7 +96,7 @@ impl Rig {
             dcb: Arc::new(FakeDcb::default()),
             record: Arc::new(MemPfRecord::default()),
             netns_mode: Arc::new(crate::netns_mode::fake::FakeNetnsMode::new(
-                Some(kroce_cni::netlink::rdma::RdmaNetnsMode::Shared),
+                Some(kroce_netlink::rdma::RdmaNetnsMode::Shared),
                 0,
                 None,
             )),
@@ -395,7 +395,7 @@ pub(super) fn cni_claim(rig: &Rig, vf: &str, ns: &str, pod: &str) {
         network: "fast".into(),
         phase: Phase::Attached,
         original: Original {
-            link: kroce_cni::netlink::route::LinkInfo {
+            link: kroce_netlink::route::LinkInfo {
                 index: 7,
                 name: "ens1f0v1".into(),
                 mac: None,
@@ -881,8 +881,8 @@ struct PfcRefusingKernel {
 }
 
 impl super::dcb::NetlinkTransport for PfcRefusingKernel {
-    fn request(&mut self, msg: &kroce_cni::netlink::MsgBuilder) -> std::io::Result<Vec<Vec<u8>>> {
-        use super::dcb::{RTM_GETDCB, RTM_SETDCB, cmd};
+    fn request(&mut self, msg: &kroce_netlink::MsgBuilder) -> std::io::Result<Vec<Vec<u8>>> {
+        use kroce_netlink::dcb::{RTM_GETDCB, RTM_SETDCB, cmd};
         let msg = msg.finish(1);
         self.sent.push(msg.clone());
         let command = msg[17];
@@ -1092,7 +1092,7 @@ fn irqs_of_a_down_device_are_pending_and_pinned_when_they_appear() {
 #[test]
 fn netns_mode_is_applied_reported_and_conflicts_write_nothing() {
     use crate::netns_mode::{CONFLICT_REASON, PENDING_CONDITION, REBOOT_REQUIRED, render};
-    use kroce_cni::netlink::rdma::RdmaNetnsMode;
+    use kroce_netlink::rdma::RdmaNetnsMode;
     use kroce_operator::crd::{NetnsModeRequest, RdmaNetnsModeSetting as M};
     let req = |n: &str, mode| NetnsModeRequest {
         network: n.into(),

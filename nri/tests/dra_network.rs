@@ -5,11 +5,11 @@
 //! "host" netns, a pod netns, Debian's host-local IPAM) with recording
 //! PF/RDMA backends. Needs root.
 
-use kroce_cni::netlink::rdma::RdmaNetnsMode;
 use kroce_cni::protocol::{CniEnv, CniError};
 use kroce_cni::testing::testbed::CNI_BIN_DIR;
 use kroce_cni::testing::{Faults, Kit, RecordingRdma, TestBed, skip_without_netns};
 use kroce_contracts::network_attach::{self, AttachRequest, AttachResult, DeviceAttach};
+use kroce_netlink::rdma::RdmaNetnsMode;
 use kroce_nri::network::{CniOptions, CniRunner, PodFacts, PodNetwork};
 use serde_json::{Value, json};
 use std::cell::RefCell;

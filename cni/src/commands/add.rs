@@ -22,13 +22,13 @@ use crate::ipam::{self, IpamRequest};
 use crate::links::Links;
 use crate::log::Logger;
 use crate::memlock::{self, MemlockDir};
-use crate::netlink::route::LinkInfo;
-use crate::netns::Netns;
 use crate::plan::{AddPlan, Step, plan_add_on};
 use crate::protocol::{CniError, CniResult, CniVersion, Command, Interface, Route, code};
 use crate::state::{Claim, Original, Phase, Planned, VfLock};
 use crate::vf::{DeviceKey, Target};
-use crate::vf_attrs::VfState;
+use kroce_netlink::netns::Netns;
+use kroce_netlink::route::LinkInfo;
+use kroce_netlink::vf_attrs::VfState;
 use std::path::Path;
 
 pub fn add(
@@ -597,7 +597,7 @@ fn refuse_a_claimed_vfs_netdev(node: &Node, soft: &crate::vf::SoftTarget) -> Res
             c.container_id,
             c.ifname,
             c.netns,
-            if crate::netns::is_alive(Path::new(&c.netns)) {
+            if kroce_netlink::netns::is_alive(Path::new(&c.netns)) {
                 ""
             } else {
                 ", a dead netns: DEL or GC of that attachment, or an ADD of the VF by its PCI address, releases it"

@@ -9,14 +9,14 @@ use crate::ipam::{self, IpamError, IpamRequest};
 use crate::links::{LinkError, Links};
 use crate::log::Logger;
 use crate::memlock::MemlockDir;
-use crate::netlink::route::LinkInfo;
-use crate::netns::Netns;
 use crate::protocol::{CniArgs, Command};
 use crate::rdma::{Moved, RdmaError};
 use crate::state::{Claim, StateError};
 use crate::vf::{Target, VfError};
-use crate::vf_attrs::{VfSetting, VfState};
 use crate::vf_config::VfConfigError;
+use kroce_netlink::netns::Netns;
+use kroce_netlink::route::LinkInfo;
+use kroce_netlink::vf_attrs::{VfSetting, VfState};
 use sriov_helpers::HostRoot;
 use std::path::{Path, PathBuf};
 
@@ -639,7 +639,7 @@ pub fn release_claim(
     ipam_now: ReleaseIpam<'_>,
 ) -> Leftovers {
     let args = CniArgs::parse(&claim.cni_args).unwrap_or_default();
-    let netns = Some(Path::new(&claim.netns)).filter(|p| crate::netns::is_alive(p));
+    let netns = Some(Path::new(&claim.netns)).filter(|p| kroce_netlink::netns::is_alive(p));
     let req = claim_ipam_del(claim, &args, ipam_now, netns, log);
     // A delegate that does not need the link releases while the VF goes
     // back (see ADD); any other after it, as always.

@@ -36,31 +36,9 @@ pub struct IpConfig {
     pub interface: Option<usize>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub dst: IpNet,
-    pub gw: Option<IpAddr>,
-    /// The fields below are 1.1.0 only.
-    pub mtu: Option<u32>,
-    pub advmss: Option<u32>,
-    pub priority: Option<u32>,
-    pub table: Option<u32>,
-    pub scope: Option<u8>,
-}
-
-impl Route {
-    pub fn new(dst: IpNet, gw: Option<IpAddr>) -> Route {
-        Route {
-            dst,
-            gw,
-            mtu: None,
-            advmss: None,
-            priority: None,
-            table: None,
-            scope: None,
-        }
-    }
-}
+/// A result's route: the rtnetlink route kroce-netlink adds (CNI 1.1.0
+/// carries the same fields).
+pub use kroce_netlink::route::Route;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dns {

@@ -4,14 +4,14 @@
 //! in-memory model of the hardware so flows can be checked end to end.
 
 use crate::addr::Mac;
-use crate::netlink::NlError;
-use crate::netlink::rdma::{self as rmsgs, RdmaNetnsMode};
-use crate::netlink::route;
-use crate::netns::Netns;
 use crate::rdma::{Moved, NetlinkRdma, RdmaControl, RdmaError, RdmaSocket, RdmaSockets};
 use crate::testing::Faults;
-use crate::vf_attrs::{LinkState, VfSetting, VfState};
 use crate::vf_config::{VfConfig, VfConfigError};
+use kroce_netlink::NlError;
+use kroce_netlink::netns::Netns;
+use kroce_netlink::rdma::{self as rmsgs, RdmaNetnsMode};
+use kroce_netlink::route;
+use kroce_netlink::vf_attrs::{LinkState, VfSetting, VfState};
 use nix::errno::Errno;
 use std::collections::BTreeMap;
 
@@ -24,7 +24,7 @@ pub struct Sent {
 }
 
 impl Sent {
-    fn of(m: &crate::netlink::MsgBuilder) -> Sent {
+    fn of(m: &kroce_netlink::MsgBuilder) -> Sent {
         Sent {
             msg_type: m.msg_type(),
             flags: m.flags(),
@@ -113,7 +113,7 @@ impl RecordingVfConfig {
         self.igb.as_ref()?;
         match setting {
             VfSetting::Vlan {
-                proto: crate::vf_attrs::VlanProto::Dot1Ad,
+                proto: kroce_netlink::vf_attrs::VlanProto::Dot1Ad,
                 ..
             } => Some(Errno::EPROTONOSUPPORT),
             VfSetting::Rate { min, .. } if *min > 0 => Some(Errno::EINVAL),
@@ -153,7 +153,7 @@ impl VfConfig for RecordingVfConfig {
                 op: format!("set {setting} on"),
                 pf: pf.into(),
                 vf,
-                source: crate::netlink::NlError::Kernel(errno),
+                source: kroce_netlink::NlError::Kernel(errno),
             });
         }
         let st = self
@@ -318,7 +318,7 @@ impl RecordingRdma {
     /// The kernel's answer to one request.
     fn answer(
         &mut self,
-        msg: &crate::netlink::MsgBuilder,
+        msg: &kroce_netlink::MsgBuilder,
         socket_netns: (u64, u64),
         thread_netns: (u64, u64),
         device_netns: &mut Option<(u64, u64)>,
@@ -330,7 +330,7 @@ impl RecordingRdma {
                 Ok(RdmaNetnsMode::Shared) => 1,
                 Err(_) => return Err(Errno::EOPNOTSUPP),
             };
-            let mut r = crate::netlink::MsgBuilder::new(ty, 0);
+            let mut r = kroce_netlink::MsgBuilder::new(ty, 0);
             r.attr_u8(rmsgs::RDMA_NLDEV_SYS_ATTR_NETNS_MODE, mode);
             return Ok(vec![r.payload().to_vec()]);
         }
@@ -340,7 +340,7 @@ impl RecordingRdma {
                 .iter()
                 .filter(|(_, d)| self.visible(socket_netns, d.1))
                 .map(|(name, d)| {
-                    let mut r = crate::netlink::MsgBuilder::new(ty, 0);
+                    let mut r = kroce_netlink::MsgBuilder::new(ty, 0);
                     r.attr_u32(rmsgs::RDMA_NLDEV_ATTR_DEV_INDEX, d.0)
                         .attr_str(rmsgs::RDMA_NLDEV_ATTR_DEV_NAME, name);
                     r.payload().to_vec()
@@ -349,13 +349,13 @@ impl RecordingRdma {
         }
         if ty == rmsgs::nldev_type(rmsgs::RDMA_NLDEV_CMD_NEWLINK) {
             let (mut name, mut link_type, mut netdev) = (None, None, None);
-            for (t, p) in crate::netlink::attrs(msg.payload()).flatten() {
+            for (t, p) in kroce_netlink::attrs(msg.payload()).flatten() {
                 match t {
-                    rmsgs::RDMA_NLDEV_ATTR_DEV_NAME => name = Some(crate::netlink::read_str(p)),
+                    rmsgs::RDMA_NLDEV_ATTR_DEV_NAME => name = Some(kroce_netlink::read_str(p)),
                     rmsgs::RDMA_NLDEV_ATTR_LINK_TYPE => {
-                        link_type = Some(crate::netlink::read_str(p))
+                        link_type = Some(kroce_netlink::read_str(p))
                     }
-                    rmsgs::RDMA_NLDEV_ATTR_NDEV_NAME => netdev = Some(crate::netlink::read_str(p)),
+                    rmsgs::RDMA_NLDEV_ATTR_NDEV_NAME => netdev = Some(kroce_netlink::read_str(p)),
                     _ => {}
                 }
             }
@@ -395,10 +395,10 @@ impl RecordingRdma {
             return Err(Errno::EOPNOTSUPP);
         }
         let (mut index, mut fd) = (None, None);
-        for (t, p) in crate::netlink::attrs(msg.payload()).flatten() {
+        for (t, p) in kroce_netlink::attrs(msg.payload()).flatten() {
             match t {
-                rmsgs::RDMA_NLDEV_ATTR_DEV_INDEX => index = crate::netlink::read_u32(p),
-                rmsgs::RDMA_NLDEV_NET_NS_FD => fd = crate::netlink::read_u32(p),
+                rmsgs::RDMA_NLDEV_ATTR_DEV_INDEX => index = kroce_netlink::read_u32(p),
+                rmsgs::RDMA_NLDEV_NET_NS_FD => fd = kroce_netlink::read_u32(p),
                 _ => {}
             }
         }
@@ -435,7 +435,7 @@ struct RecordingRdmaSocket<'a> {
 }
 
 impl RdmaSocket for RecordingRdmaSocket<'_> {
-    fn request(&mut self, msg: &crate::netlink::MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
+    fn request(&mut self, msg: &kroce_netlink::MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
         let thread_netns = Netns::current().map_err(NlError::Socket)?.id();
         self.kernel.reap();
         let mut device_netns = None;

@@ -9,9 +9,9 @@ use crate::commands::{self, Backends, Node, Request, Roots};
 use crate::ipam::ExecIpam;
 use crate::links::RtnlOpener;
 use crate::log::Logger;
-use crate::netns::Netns;
 use crate::protocol::{CniEnv, CniError};
 use kroce_contracts::cni_env;
+use kroce_netlink::netns::Netns;
 use serde_json::{Value, json};
 use sriov_helpers::fixture::FixtureHost;
 use std::collections::HashMap;
@@ -406,7 +406,7 @@ impl TestBed {
         Kit {
             links: RtnlOpener,
             vf: RecordingVfConfig::connectx6dx_pair(),
-            rdma: RecordingRdma::new(Ok(crate::netlink::rdma::RdmaNetnsMode::Exclusive)),
+            rdma: RecordingRdma::new(Ok(kroce_netlink::rdma::RdmaNetnsMode::Exclusive)),
             ipam: ExecIpam::default(),
         }
     }

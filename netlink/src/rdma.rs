@@ -3,7 +3,7 @@
 //! `rdma/rdma_netlink.h`: messages carry attributes right after `nlmsghdr`
 //! (no family header); the type is `(RDMA_NL_NLDEV << 10) + command`.
 
-use super::{
+use crate::{
     DecodeError, MsgBuilder, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, read_str, read_u32,
 };
 
@@ -148,7 +148,7 @@ pub fn parse_netns_mode(payload: &[u8]) -> Result<RdmaNetnsMode, DecodeError> {
 mod tests {
     use super::*;
 
-    use crate::testing::hex;
+    use crate::hex;
 
     #[test]
     fn set_netns_bytes() {

@@ -3,18 +3,21 @@
 //! parsers take a reply payload. Constants from `linux/rtnetlink.h`,
 //! `linux/if_link.h`, `linux/if_addr.h`.
 
-use super::{
+use crate::vf_attrs::{LinkState, VfSetting, VfState, VlanProto};
+use crate::{
     DecodeError, MsgBuilder, NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REQUEST, attrs, read_str, read_u32,
 };
-use crate::addr::{IpNet, Mac};
-use crate::protocol::Route;
-use crate::vf_attrs::{LinkState, VfSetting, VfState, VlanProto};
+use kroce_contracts::ip_net::IpNet;
+use kroce_contracts::mac::Mac;
 use std::net::IpAddr;
 
+pub const RTM_NEWLINK: u16 = 16;
+pub const RTM_DELLINK: u16 = 17;
 pub const RTM_GETLINK: u16 = 18;
 pub const RTM_SETLINK: u16 = 19;
 pub const RTM_NEWADDR: u16 = 20;
+pub const RTM_DELADDR: u16 = 21;
 pub const RTM_GETADDR: u16 = 22;
 pub const RTM_NEWROUTE: u16 = 24;
 pub const RTM_NEWLINKPROP: u16 = 108;
@@ -30,6 +33,7 @@ pub const IFLA_NEW_IFINDEX: u16 = 49;
 pub const IFLA_PROP_LIST: u16 = 52;
 pub const IFLA_ALT_IFNAME: u16 = 53;
 pub const IFLA_PARENT_DEV_NAME: u16 = 56;
+pub const IFLA_PARENT_DEV_BUS_NAME: u16 = 57;
 
 pub const IFLA_VF_INFO: u16 = 1;
 pub const IFLA_VF_MAC: u16 = 1;
@@ -69,6 +73,40 @@ pub const RT_SCOPE_UNIVERSE: u8 = 0;
 pub const RT_SCOPE_LINK: u8 = 253;
 pub const RTN_UNICAST: u8 = 1;
 
+/// Multicast groups (`enum rtnetlink_groups`): what a listener subscribes to
+/// with [`crate::NlSocket::subscribe`].
+pub const RTNLGRP_LINK: u32 = 1;
+pub const RTNLGRP_IPV4_IFADDR: u32 = 5;
+pub const RTNLGRP_IPV6_IFADDR: u32 = 9;
+
+/// A route as `RTM_NEWROUTE` adds it (and as a CNI 1.1.0 result carries it:
+/// kroce-cni's result uses this type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub dst: IpNet,
+    pub gw: Option<IpAddr>,
+    /// The fields below are CNI 1.1.0 only.
+    pub mtu: Option<u32>,
+    pub advmss: Option<u32>,
+    pub priority: Option<u32>,
+    pub table: Option<u32>,
+    pub scope: Option<u8>,
+}
+
+impl Route {
+    pub fn new(dst: IpNet, gw: Option<IpAddr>) -> Route {
+        Route {
+            dst,
+            gw,
+            mtu: None,
+            advmss: None,
+            priority: None,
+            table: None,
+            scope: None,
+        }
+    }
+}
+
 /// `struct ifinfomsg`.
 pub fn ifinfomsg(index: u32, flags: u32, change: u32) -> [u8; 16] {
     let mut b = [0u8; 16];
@@ -88,6 +126,11 @@ pub fn get_link_by_name(name: &str) -> MsgBuilder {
         MsgBuilder::new(RTM_GETLINK, NLM_F_REQUEST | NLM_F_ACK).family_header(&ifinfomsg(0, 0, 0));
     b.attr_str(IFLA_IFNAME, name);
     b
+}
+
+/// Every link of the netns (`ip link show`).
+pub fn dump_links() -> MsgBuilder {
+    MsgBuilder::new(RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP).family_header(&ifinfomsg(0, 0, 0))
 }
 
 pub fn get_link_by_index(index: u32) -> MsgBuilder {
@@ -443,7 +486,7 @@ pub fn parse_address(payload: &[u8]) -> Result<(u32, IpNet), DecodeError> {
 mod tests {
     use super::*;
 
-    use crate::testing::hex;
+    use crate::hex;
 
     // The expected bytes below are written out from the uapi structs
     // (x86-64, little endian), not produced by the builder.
@@ -630,53 +673,6 @@ mod tests {
         assert_eq!(
             (link.index, link.name.as_str(), link.up),
             (7, "ens1f0", true)
-        );
-    }
-
-    fn unhex(s: &str) -> Vec<u8> {
-        s.split_whitespace()
-            .map(|b| u8::from_str_radix(b, 16).unwrap())
-            .collect()
-    }
-
-    /// A ConnectX PF's RTM_NEWLINK answer to `get_link_vfs` (RTEXT_FILTER_VF
-    /// | SKIP_STATS), written out in the order and layout of the kernel's
-    /// `rtnl_fill_vfinfo` (nests without NLA_F_NESTED, the legacy
-    /// IFLA_VF_TX_RATE before IFLA_VF_RATE, IFLA_VF_BROADCAST,
-    /// IFLA_VF_RSS_QUERY_EN): VF 0 with min 100 / max 1000 Mbps.
-    const PF_REPLY_WITH_RATES: &str = "\
-        00 00 01 00 04 00 00 00 03 10 00 00 00 00 00 00 \
-        0b 00 03 00 65 6e 73 31 66 30 00 00 \
-        08 00 15 00 01 00 00 00 \
-        c8 00 16 00 c4 00 01 00 \
-        28 00 01 00 00 00 00 00 02 00 3b 00 02 42 00 00 00 00 00 00 00 00 00 00 \
-        00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 \
-        24 00 0d 00 ff ff ff ff ff ff 00 00 00 00 00 00 00 00 00 00 00 00 00 00 \
-        00 00 00 00 00 00 00 00 00 00 00 00 \
-        10 00 02 00 00 00 00 00 00 00 00 00 00 00 00 00 \
-        18 00 0c 00 14 00 01 00 00 00 00 00 00 00 00 00 00 00 00 00 81 00 00 00 \
-        0c 00 03 00 00 00 00 00 e8 03 00 00 \
-        10 00 06 00 00 00 00 00 64 00 00 00 e8 03 00 00 \
-        0c 00 04 00 00 00 00 00 01 00 00 00 \
-        0c 00 05 00 00 00 00 00 00 00 00 00 \
-        0c 00 07 00 00 00 00 00 00 00 00 00 \
-        0c 00 09 00 00 00 00 00 00 00 00 00";
-
-    #[test]
-    fn current_rates_from_a_pf_reply_decide_the_pair() {
-        let reply = unhex(PF_REPLY_WITH_RATES);
-        let vfs = parse_vfs(&reply).unwrap();
-        assert_eq!(vfs.len(), 1);
-        let (vf, st) = vfs[0];
-        assert_eq!(vf, 0);
-        assert_eq!((st.min_tx_rate, st.max_tx_rate), (100, 1000));
-        assert_eq!(st.proto, VlanProto::Dot1Q);
-        // `max_tx_rate: 500` alone: the min the PF reports stays.
-        let (min, max) =
-            crate::plan::rate_pair((None, Some(500)), (st.min_tx_rate, st.max_tx_rate)).unwrap();
-        assert_eq!(
-            hex(&set_vf(4, vf, &VfSetting::Rate { min, max }).payload()[16..]),
-            "18 00 16 00 14 00 01 00 10 00 06 00 00 00 00 00 64 00 00 00 f4 01 00 00"
         );
     }
 

@@ -1,19 +1,24 @@
-//! The project's one netlink stack: a message builder and attribute parser
-//! (pure, byte-exact, tested against the kernel uapi layouts and iproute2's
-//! bytes), a blocking socket opened once per netns that matches answers by
-//! sequence number and bounds every request, and the rtnetlink and RDMA
-//! netlink messages kroce-cni sends. The node agent sends its MTU, DCB
-//! (`node-agent/src/dcb.rs`) and RDMA netns-mode messages through it too.
+//! kroce-netlink: the project's one netlink stack. A message builder and
+//! attribute parser (pure, byte-exact, tested against the kernel uapi
+//! layouts and iproute2's bytes), a blocking socket ([`NlSocket`]) opened
+//! once per netns ([`netns::Netns`]) that matches answers by sequence number
+//! and bounds every request, or subscribes to multicast groups and receives
+//! the kernel's notifications, and the codecs: [`route`] (links, addresses,
+//! routes, PF-side VF attributes as [`vf_attrs`] holds them), [`rdma`]
+//! (RDMA netlink: device moves, soft devices, the netns mode) and [`dcb`]
+//! (DCBX, PFC, the DSCP APP table).
 //!
-//! Synchronous on purpose: kroce-cni is a short-lived exec and the node
-//! agent applies from a blocking thread, so an async stack would need a
-//! runtime per call; the RDMA and DCB messages have no crate at all. The
-//! device plugin's link-event listener (`device-plugin/src/kernel_events.rs`)
-//! is the one async netlink user left (rtnetlink multicast).
+//! Synchronous on purpose: kroce-cni is a short-lived exec, the node agent
+//! applies from a blocking thread and the device plugin's event listener
+//! reads on a thread of its own; an async stack would need a runtime per
+//! call, and the RDMA and DCB messages have no crate at all.
 
+pub mod dcb;
+pub mod netns;
 pub mod rdma;
 pub mod route;
 pub mod socket;
+pub mod vf_attrs;
 
 pub use socket::{NlError, NlSocket};
 
@@ -221,6 +226,16 @@ pub fn error_code(payload: &[u8]) -> Result<i32, DecodeError> {
         .get(..4)
         .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
         .ok_or_else(|| DecodeError("short NLMSG_ERROR".into()))
+}
+
+/// Bytes as space-separated hex, for comparing messages with the layouts
+/// the tests write out from the uapi structs.
+#[cfg(test)]
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -1,10 +1,13 @@
-//! A blocking netlink socket: one request at a time, replies collected until
-//! the ACK (or `NLMSG_DONE` for dumps).
+//! A blocking netlink socket. Either it asks: one request at a time,
+//! replies collected until the ACK (or `NLMSG_DONE` for dumps); or it
+//! listens: subscribed to multicast groups, it receives what the kernel
+//! sends unasked, one datagram per call.
 
-use super::{
-    DecodeError, MsgBuilder, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, error_code, split_messages,
-};
 use crate::netns::Netns;
+use crate::{
+    DecodeError, MsgBuilder, NLM_F_ACK, NLM_F_DUMP, NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR,
+    error_code, split_messages,
+};
 use nix::errno::Errno;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
@@ -83,6 +86,85 @@ impl NlSocket {
             .map_err(NlError::Socket)
     }
 
+    /// A socket in the calling thread's netns that receives the kernel's
+    /// notifications to `groups`: multicast group numbers (`RTNLGRP_*` for
+    /// `NETLINK_ROUTE`, 1 for kernel uevents), 1 to 32, bound as the
+    /// `nl_groups` mask (every group the project listens to fits; a higher
+    /// one would need `NETLINK_ADD_MEMBERSHIP`). Each
+    /// [`NlSocket::recv_unsolicited`] waits up to `poll`.
+    pub fn subscribe(
+        proto: SockProtocol,
+        groups: &[u32],
+        poll: Duration,
+    ) -> Result<NlSocket, NlError> {
+        let mut mask = 0u32;
+        for g in groups {
+            if !(1..=32).contains(g) {
+                return Err(NlError::Socket(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("netlink multicast group {g}: only groups 1 to 32 can be bound"),
+                )));
+            }
+            mask |= 1 << (g - 1);
+        }
+        let fd = nix::sys::socket::socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            proto,
+        )
+        .map_err(|e| NlError::Socket(e.into()))?;
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, mask)).map_err(|e| NlError::Socket(e.into()))?;
+        NlSocket::from_fd(fd, poll)
+    }
+
+    /// [`NlSocket::subscribe`] in `ns` (created on a helper thread inside
+    /// it; the socket keeps listening there).
+    pub fn subscribe_in(
+        ns: &Netns,
+        proto: SockProtocol,
+        groups: &[u32],
+        poll: Duration,
+    ) -> Result<NlSocket, NlError> {
+        ns.run_in(|| NlSocket::subscribe(proto, groups, poll).map_err(std::io::Error::other))
+            .map_err(NlError::Socket)
+    }
+
+    /// Asks for a receive buffer of `bytes`: room for a burst of
+    /// notifications between two reads. The kernel caps it at
+    /// `net.core.rmem_max` without `CAP_NET_ADMIN`.
+    pub fn set_recv_buffer(&self, bytes: usize) -> Result<(), NlError> {
+        setsockopt(&self.fd, sockopt::RcvBuf, &bytes).map_err(|e| NlError::Socket(e.into()))
+    }
+
+    /// Sends `msg` numbered `seq` and returns at once: on a listening socket
+    /// its answers arrive among the notifications, told apart by `seq`
+    /// (notifications carry 0).
+    pub fn send(&self, msg: &MsgBuilder, seq: u32) -> Result<(), NlError> {
+        send(self.fd.as_raw_fd(), &msg.finish(seq), MsgFlags::empty())
+            .map(drop)
+            .map_err(|e| NlError::Socket(e.into()))
+    }
+
+    /// Waits for one datagram the kernel sends unasked (a notification, or
+    /// an answer to [`NlSocket::send`]), whole; `None` when none came
+    /// within the socket's timeout. A receive buffer that overran (the
+    /// kernel dropped notifications) is `NlError::Socket` with `ENOBUFS`.
+    pub fn recv_unsolicited(&mut self) -> Result<Option<&[u8]>, NlError> {
+        match self.recv_datagram() {
+            Ok(len) => Ok(Some(&self.buf[..len])),
+            Err(NlError::Socket(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends `msg` and returns the payloads of the replies (none for a plain
     /// ACK). Dumps end at `NLMSG_DONE`, other requests at their ACK.
     pub fn request(&mut self, msg: &MsgBuilder) -> Result<Vec<Vec<u8>>, NlError> {
@@ -140,10 +222,7 @@ impl NlSocket {
                     }
                     _ => {
                         replies.push(m.payload.to_vec());
-                        if !dump
-                            && m.flags & super::NLM_F_MULTI == 0
-                            && msg.flags() & super::NLM_F_ACK == 0
-                        {
+                        if !dump && m.flags & NLM_F_MULTI == 0 && msg.flags() & NLM_F_ACK == 0 {
                             return Ok(replies);
                         }
                     }
@@ -177,8 +256,8 @@ impl NlSocket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{NLM_F_ACK, NLM_F_REQUEST};
     use super::*;
+    use crate::NLM_F_REQUEST;
     use std::os::unix::net::UnixDatagram;
 
     fn ack(seq: u32, code: i32) -> Vec<u8> {
@@ -250,5 +329,32 @@ mod tests {
             matches!(&r, Err(NlError::Socket(io)) if io.kind() == std::io::ErrorKind::TimedOut),
             "a stale ACK ended the request: {r:?}"
         );
+    }
+
+    #[test]
+    fn unsolicited_datagrams_come_whole_and_silence_is_none() {
+        let (mut s, kernel) = pair(Duration::from_millis(200));
+        assert!(matches!(s.recv_unsolicited(), Ok(None)));
+        // Bigger than the 64 KiB the socket starts with: grown, not cut.
+        let big = vec![7u8; 100 * 1024];
+        kernel.send(&big).unwrap();
+        assert_eq!(
+            s.recv_unsolicited().unwrap().map(<[u8]>::len),
+            Some(big.len())
+        );
+        // `send` numbers the message and does not wait for an answer.
+        s.send(&MsgBuilder::new(18, NLM_F_REQUEST), 0x6b72_6f63)
+            .unwrap();
+        assert_eq!(seq_of(&kernel), 0x6b72_6f63);
+    }
+
+    #[test]
+    fn groups_beyond_the_bind_mask_are_refused() {
+        for g in [0, 33] {
+            let e =
+                NlSocket::subscribe(SockProtocol::NetlinkRoute, &[1, g], Duration::from_secs(1))
+                    .unwrap_err();
+            assert!(e.to_string().contains(&format!("group {g}")), "{e}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! PF-side VF attributes (what `ip link set PF vf N ...` sets): the values,
 //! one change, and the whole state read back from the PF.
 
-use crate::addr::Mac;
+use kroce_contracts::mac::Mac;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
