@@ -13,7 +13,9 @@
 //!   `infiniband_mad`) and `net` devices added, removed or renamed (`move`).
 //!
 //! Neither needs a capability: both families let any process listen
-//! (`NL_CFG_F_NONROOT_RECV`).
+//! (`NL_CFG_F_NONROOT_RECV`). Both are kroce-netlink's blocking sockets,
+//! each read on a thread of its own that hands what it receives to an async
+//! task over a channel; the task judges and wakes.
 //!
 //! Which uevents a namespace gets (lib/kobject_uevent.c,
 //! `kobject_uevent_net_broadcast`): an event of a device whose class is
@@ -34,28 +36,34 @@
 //! [`Interest`] the last scan left; each event that does wakes one
 //! [`Notify`], so a burst (64 VFs appearing) costs one or two rescans.
 
-// Through rtnetlink's re-exports: one set of netlink crate versions.
-use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
-use rtnetlink::packet_route::RouteNetlinkMessage;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
-use rtnetlink::sys::{AsyncSocket, AsyncSocketExt, SocketAddr, TokioSocket, protocols};
+use kroce_netlink::route::{
+    IFLA_IFNAME, IFLA_PARENT_DEV_BUS_NAME, RTM_DELADDR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK,
+    RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR, RTNLGRP_LINK,
+};
+use kroce_netlink::{DecodeError, NlError, NlSocket, SockProtocol, attrs, read_str, read_u32};
 use std::collections::BTreeSet;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
-/// `RTNLGRP_LINK`, `RTNLGRP_IPV4_IFADDR`, `RTNLGRP_IPV6_IFADDR`
-/// (include/uapi/linux/rtnetlink.h). Addresses make RoCE v2 GIDs.
-const RTNL_GROUPS: [u32; 3] = [1, 5, 9];
+/// Links and addresses (include/uapi/linux/rtnetlink.h). Addresses make
+/// RoCE v2 GIDs.
+const RTNL_GROUPS: [u32; 3] = [RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR];
 /// The kernel's uevent multicast group (udev re-broadcasts on group 2).
 const UEVENT_KERNEL_GROUP: u32 = 1;
 /// Room for a burst between two reads; a full buffer loses events (ENOBUFS),
 /// which itself triggers a rescan.
 const RCVBUF: usize = 1 << 20;
-const READ_BUF: usize = 64 * 1024;
+/// How long a reader thread waits for a datagram before it checks whether
+/// the listener is gone (then it ends).
+const POLL: Duration = Duration::from_secs(1);
+/// Datagrams in flight from a reader thread to its task. A task that falls
+/// behind blocks the thread, the kernel's buffer fills and overruns: a
+/// rescan, as for a burst.
+const CHANNEL: usize = 64;
 /// The sequence number of our own link dump request: kernel notifications
 /// carry 0, so the dump's answers are told apart by it.
 const DUMP_SEQ: u32 = 0x6b72_6f63;
@@ -178,58 +186,51 @@ pub struct LinkEvent {
     pub from_dump: bool,
 }
 
-fn link_event(m: &LinkMessage, change: Change, from_dump: bool) -> LinkEvent {
+/// One `RTM_NEWLINK`/`RTM_DELLINK` (`ifinfomsg` + attributes) or
+/// `RTM_NEWADDR`/`RTM_DELADDR` (`ifaddrmsg`): both headers carry the
+/// ifindex at bytes 4..8.
+fn link_event(payload: &[u8], change: Change, from_dump: bool) -> Result<LinkEvent, DecodeError> {
+    let ifindex = payload
+        .get(4..8)
+        .and_then(read_u32)
+        .ok_or_else(|| DecodeError(format!("short header of a {change:?} event")))?;
     let mut ev = LinkEvent {
         change,
-        ifindex: m.header.index,
+        ifindex,
         name: None,
         parent_bus: None,
         from_dump,
     };
-    for a in &m.attributes {
-        match a {
-            LinkAttribute::IfName(n) => ev.name = Some(n.clone()),
-            LinkAttribute::ParentDevBusName(b) => ev.parent_bus = Some(b.clone()),
+    if change == Change::Address {
+        return Ok(ev);
+    }
+    let body = payload
+        .get(16..)
+        .ok_or_else(|| DecodeError("short ifinfomsg".into()))?;
+    for a in attrs(body) {
+        let (ty, p) = a?;
+        match ty {
+            IFLA_IFNAME => ev.name = Some(read_str(p)),
+            IFLA_PARENT_DEV_BUS_NAME => ev.parent_bus = Some(read_str(p)),
             _ => {}
         }
     }
-    ev
+    Ok(ev)
 }
 
-/// The link and address events in one datagram (it may hold several messages). An error
-/// names the offset of what could not be decoded; the caller rescans then.
-pub fn parse_links(buf: &[u8]) -> Result<Vec<LinkEvent>, String> {
+/// The link and address events in one datagram (it may hold several
+/// messages). An error names what could not be decoded; the caller rescans
+/// then.
+pub fn parse_links(buf: &[u8]) -> Result<Vec<LinkEvent>, DecodeError> {
     let mut out = Vec::new();
-    let mut off = 0;
-    while off + 4 <= buf.len() {
-        let mut len_bytes = [0u8; 4];
-        len_bytes.copy_from_slice(&buf[off..off + 4]);
-        let len = u32::from_ne_bytes(len_bytes) as usize;
-        if len < 16 || off + len > buf.len() {
-            return Err(format!("netlink message at offset {off}: length {len}"));
-        }
-        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..off + len])
-            .map_err(|e| format!("netlink message at offset {off}: {e}"))?;
-        let from_dump = msg.header.sequence_number == DUMP_SEQ;
-        match msg.payload {
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) => {
-                out.push(link_event(&m, Change::NewLink, from_dump))
-            }
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(m)) => {
-                out.push(link_event(&m, Change::DelLink, from_dump))
-            }
-            NetlinkPayload::InnerMessage(
-                RouteNetlinkMessage::NewAddress(m) | RouteNetlinkMessage::DelAddress(m),
-            ) => out.push(LinkEvent {
-                change: Change::Address,
-                ifindex: m.header.index,
-                name: None,
-                parent_bus: None,
-                from_dump,
-            }),
-            _ => {}
-        }
-        off += (len + 3) & !3;
+    for m in kroce_netlink::split_messages(buf)? {
+        let change = match m.msg_type {
+            RTM_NEWLINK => Change::NewLink,
+            RTM_DELLINK => Change::DelLink,
+            RTM_NEWADDR | RTM_DELADDR => Change::Address,
+            _ => continue,
+        };
+        out.push(link_event(m.payload, change, m.seq == DUMP_SEQ)?);
     }
     Ok(out)
 }
@@ -292,7 +293,8 @@ pub struct EventsError {
     pub source: io::Error,
 }
 
-/// The listening tasks; dropping this stops them.
+/// The listening tasks; dropping this stops them (and their reader threads,
+/// within `POLL`, once their channel is closed).
 #[derive(Debug)]
 pub struct Listener {
     pub changed: Arc<Notify>,
@@ -309,16 +311,27 @@ impl Drop for Listener {
     }
 }
 
-fn open(protocol: isize, groups: &[u32], what: &'static str) -> Result<TokioSocket, EventsError> {
-    let fail = |source| EventsError { what, source };
-    let mut sock = TokioSocket::new(protocol).map_err(fail)?;
-    let s = sock.socket_mut();
-    s.bind(&SocketAddr::new(0, 0)).map_err(fail)?;
-    for g in groups {
-        s.add_membership(*g).map_err(fail)?;
+/// The socket error as the `io::Error` it is (a decode error cannot come
+/// from opening or configuring a socket).
+fn io_error(e: NlError) -> io::Error {
+    match e {
+        NlError::Socket(e) => e,
+        other => io::Error::other(other.to_string()),
     }
+}
+
+fn open(
+    protocol: SockProtocol,
+    groups: &[u32],
+    what: &'static str,
+) -> Result<NlSocket, EventsError> {
+    let fail = |e| EventsError {
+        what,
+        source: io_error(e),
+    };
+    let sock = NlSocket::subscribe(protocol, groups, POLL).map_err(fail)?;
     // Best effort: capped at net.core.rmem_max without CAP_NET_ADMIN.
-    if let Err(e) = s.set_rx_buf_sz(RCVBUF) {
+    if let Err(e) = sock.set_recv_buffer(RCVBUF) {
         tracing::debug!(what, error = %e, "cannot raise the netlink receive buffer");
     }
     Ok(sock)
@@ -330,30 +343,56 @@ enum Kind {
     Uevent,
 }
 
+impl Kind {
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Link => "rtnetlink",
+            Kind::Uevent => "kobject uevent",
+        }
+    }
+}
+
+/// What a reader thread hands its task.
+#[derive(Debug)]
+enum Received {
+    Datagram(Vec<u8>),
+    /// The receive buffer overran: the kernel dropped notifications.
+    Overrun,
+    Failed(NlError),
+}
+
 /// Opens both sockets in the calling thread's network namespace and starts
 /// listening. `interest` is read at every event. Fails when either socket
 /// cannot be opened; the caller then falls back to a fast rescan tick.
 pub fn spawn(interest: watch::Receiver<Interest>) -> Result<Listener, EventsError> {
-    let link = open(protocols::NETLINK_ROUTE, &RTNL_GROUPS, "rtnetlink")?;
+    let link = open(SockProtocol::NetlinkRoute, &RTNL_GROUPS, Kind::Link.what())?;
     let uevent = open(
-        protocols::NETLINK_KOBJECT_UEVENT,
+        SockProtocol::NetlinkKObjectUEvent,
         &[UEVENT_KERNEL_GROUP],
-        "kobject uevent",
+        Kind::Uevent.what(),
     )?;
     let changed = Arc::new(Notify::new());
     let relevant = Arc::new(AtomicU64::new(0));
-    let tasks = [(link, Kind::Link), (uevent, Kind::Uevent)]
-        .into_iter()
-        .map(|(sock, kind)| {
-            tokio::spawn(listen(
-                sock,
-                kind,
-                interest.clone(),
-                changed.clone(),
-                relevant.clone(),
-            ))
-        })
-        .collect();
+    let mut tasks = Vec::new();
+    for (sock, kind) in [(link, Kind::Link), (uevent, Kind::Uevent)] {
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        // Not joined: it ends by itself within `POLL` once the task (and so
+        // the channel) is gone.
+        std::thread::Builder::new()
+            .name(format!("{}-events", kind.what().replace(' ', "-")))
+            .spawn(move || read(sock, kind, tx))
+            .map_err(|source| EventsError {
+                what: kind.what(),
+                source,
+            })?;
+        tasks.push(tokio::spawn(listen(
+            rx,
+            kind,
+            interest.clone(),
+            changed.clone(),
+            relevant.clone(),
+        )));
+    }
     Ok(Listener {
         changed,
         relevant,
@@ -365,61 +404,72 @@ pub fn spawn(interest: watch::Receiver<Interest>) -> Result<Listener, EventsErro
 /// itself: the answers (`from_dump`) arrive before any later notification
 /// and teach the filter the names of links that existed before we listened.
 /// Best effort: without it, address events fall back to the scan's ifindexes.
-async fn request_link_dump(sock: &TokioSocket) {
-    use rtnetlink::packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
-    let mut header = rtnetlink::packet_core::NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = DUMP_SEQ;
-    let mut msg = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::GetLink(LinkMessage::default())),
-    );
-    msg.finalize();
-    let mut buf = vec![0u8; msg.buffer_len()];
-    msg.serialize(&mut buf);
-    if let Err(e) = sock.send_to(&buf, &SocketAddr::new(0, 0)).await {
+fn request_link_dump(sock: &NlSocket) {
+    if let Err(e) = sock.send(&kroce_netlink::route::dump_links(), DUMP_SEQ) {
         tracing::debug!(error = %e, "cannot ask for the link list; address events fall back to ifindexes");
     }
 }
 
+/// The reader thread: blocking receives, each datagram (or overrun, or
+/// failure) handed to the task. Ends when the task is gone.
+fn read(mut sock: NlSocket, kind: Kind, tx: mpsc::Sender<Received>) {
+    if matches!(kind, Kind::Link) {
+        request_link_dump(&sock);
+    }
+    loop {
+        let got = match sock.recv_unsolicited() {
+            Ok(Some(datagram)) => Received::Datagram(datagram.to_vec()),
+            Ok(None) if tx.is_closed() => return,
+            Ok(None) => continue,
+            Err(NlError::Socket(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                // Link events were lost with it: learn the names afresh.
+                if matches!(kind, Kind::Link) {
+                    request_link_dump(&sock);
+                }
+                Received::Overrun
+            }
+            Err(e) => {
+                if tx.blocking_send(Received::Failed(e)).is_err() {
+                    return;
+                }
+                // Rescan and retry, at most once a second: as the old tick.
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        if tx.blocking_send(got).is_err() {
+            return;
+        }
+    }
+}
+
 async fn listen(
-    sock: TokioSocket,
+    mut rx: mpsc::Receiver<Received>,
     kind: Kind,
     interest: watch::Receiver<Interest>,
     changed: Arc<Notify>,
     relevant: Arc<AtomicU64>,
 ) {
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_BUF);
     let mut links = LinkFilter::default();
-    if matches!(kind, Kind::Link) {
-        request_link_dump(&sock).await;
-    }
     let wake = || {
         relevant.fetch_add(1, Ordering::Relaxed);
         changed.notify_one();
     };
-    loop {
-        buf.clear();
-        match sock.recv(&mut buf).await {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+    while let Some(received) = rx.recv().await {
+        let buf = match received {
+            Received::Datagram(buf) => buf,
+            Received::Overrun => {
                 // Events were dropped: we cannot tell which, so rescan.
                 tracing::debug!(?kind, "netlink receive buffer overran; rescanning");
                 wake();
-                // Link events were lost with it: learn the names afresh.
-                if matches!(kind, Kind::Link) {
-                    request_link_dump(&sock).await;
-                }
                 continue;
             }
-            Err(e) => {
-                // Rescan and retry, at most once a second: as the old tick.
+            Received::Failed(e) => {
                 tracing::warn!(?kind, error = %e, "netlink read failed; rescanning");
                 wake();
-                tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-        }
+        };
         let concerns = {
             let interest = interest.borrow();
             match kind {
@@ -456,8 +506,8 @@ async fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtnetlink::packet_core::NetlinkHeader;
-    use rtnetlink::packet_route::link::LinkHeader;
+    use kroce_netlink::MsgBuilder;
+    use kroce_netlink::route::ifinfomsg;
 
     fn interest() -> Interest {
         Interest {
@@ -584,47 +634,31 @@ mod tests {
         ]));
     }
 
-    fn link_msg(index: u32, attrs: Vec<LinkAttribute>, del: bool) -> Vec<u8> {
-        let mut m = LinkMessage::default();
-        m.header = LinkHeader {
-            index,
-            ..Default::default()
-        };
-        m.attributes = attrs;
-        let inner = if del {
-            RouteNetlinkMessage::DelLink(m)
-        } else {
-            RouteNetlinkMessage::NewLink(m)
-        };
-        emit(inner)
+    /// An `RTM_NEWLINK`/`RTM_DELLINK` as the kernel sends it (sequence 0).
+    fn link_msg(index: u32, name: &str, bus: Option<&str>, del: bool) -> Vec<u8> {
+        let ty = if del { RTM_DELLINK } else { RTM_NEWLINK };
+        let mut b = MsgBuilder::new(ty, 0).family_header(&ifinfomsg(index, 0, 0));
+        b.attr_str(IFLA_IFNAME, name);
+        if let Some(bus) = bus {
+            b.attr_str(IFLA_PARENT_DEV_BUS_NAME, bus);
+        }
+        b.finish(0)
     }
 
-    fn emit(inner: RouteNetlinkMessage) -> Vec<u8> {
-        let mut msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(inner));
-        msg.finalize();
-        let mut buf = vec![0u8; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        buf
+    /// An `RTM_NEWADDR` without attributes: `ifaddrmsg` names the link.
+    fn addr_msg(index: u32) -> Vec<u8> {
+        let mut hdr = [0u8; 8];
+        hdr[4..8].copy_from_slice(&index.to_ne_bytes());
+        MsgBuilder::new(RTM_NEWADDR, 0)
+            .family_header(&hdr)
+            .finish(0)
     }
 
     #[test]
     fn parses_link_events_several_per_datagram() {
-        let mut buf = link_msg(
-            12,
-            vec![
-                LinkAttribute::IfName("ens1f0v1".into()),
-                LinkAttribute::ParentDevBusName("pci".into()),
-            ],
-            false,
-        );
-        buf.extend(link_msg(
-            13,
-            vec![LinkAttribute::IfName("veth9".into())],
-            true,
-        ));
-        let mut addr = rtnetlink::packet_route::address::AddressMessage::default();
-        addr.header.index = 12;
-        buf.extend(emit(RouteNetlinkMessage::NewAddress(addr)));
+        let mut buf = link_msg(12, "ens1f0v1", Some("pci"), false);
+        buf.extend(link_msg(13, "veth9", None, true));
+        buf.extend(addr_msg(12));
         let evs = parse_links(&buf).unwrap();
         assert_eq!(
             evs,
@@ -714,18 +748,9 @@ mod tests {
         assert!(!f.concerns(&addr(7), &i));
         assert!(f.concerns(&addr(8), &i));
         // Our dump request is told from notifications by its sequence number.
-        let mut m = LinkMessage::default();
-        m.header.index = 8;
-        m.attributes = vec![LinkAttribute::IfName("ens1f0v1".into())];
-        let mut header = NetlinkHeader::default();
-        header.sequence_number = DUMP_SEQ;
-        let mut msg = NetlinkMessage::new(
-            header,
-            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
-        );
-        msg.finalize();
-        let mut buf = vec![0u8; msg.buffer_len()];
-        msg.serialize(&mut buf);
+        let mut m = MsgBuilder::new(RTM_NEWLINK, 0).family_header(&ifinfomsg(8, 0, 0));
+        m.attr_str(IFLA_IFNAME, "ens1f0v1");
+        let buf = m.finish(DUMP_SEQ);
         assert!(parse_links(&buf).unwrap()[0].from_dump);
     }
 
@@ -770,5 +795,69 @@ mod tests {
         assert!(i.names.contains("ens1f0"), "{:?}", i.names);
         let idx = host.netdevs["ens1f0v1"].ifindex.unwrap();
         assert!(i.ifindexes.contains(&idx));
+    }
+
+    fn ip(args: &[&str]) -> bool {
+        std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A named netns, deleted on drop (with the veths in it).
+    struct TempNetns(String);
+
+    impl Drop for TempNetns {
+        fn drop(&mut self) {
+            ip(&["netns", "del", &self.0]);
+        }
+    }
+
+    /// The whole edge against the real kernel: the listener opened in a
+    /// throwaway netns (reader threads, channels, tasks) wakes when a veth
+    /// it is interested in appears there, and not for one it does not know.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_known_link_appearing_wakes_the_listener_an_unknown_one_does_not() {
+        if !nix::unistd::Uid::effective().is_root() {
+            println!("skipped: needs root to create a netns and veths");
+            return;
+        }
+        let name = format!("kroce-dp-ev-{}", std::process::id());
+        if !ip(&["netns", "add", &name]) {
+            println!("skipped: cannot create a netns here");
+            return;
+        }
+        let _cleanup = TempNetns(name.clone());
+        let ns =
+            kroce_netlink::netns::Netns::open(std::path::Path::new(&format!("/run/netns/{name}")))
+                .unwrap();
+        let interest = Interest {
+            names: ["krocedpev0".to_string()].into_iter().collect(),
+            ifindexes: BTreeSet::new(),
+        };
+        let (_interest_tx, interest_rx) = watch::channel(interest);
+        let rt = tokio::runtime::Handle::current();
+        let listener = ns
+            .run_in(|| {
+                let _rt = rt.enter();
+                spawn(interest_rx).map_err(io::Error::other)
+            })
+            .unwrap();
+
+        let veth = |a: &str, b: &str| {
+            ip(&[
+                "-n", &name, "link", "add", a, "type", "veth", "peer", "name", b,
+            ])
+        };
+        assert!(veth("krocedpx0", "krocedpx1"));
+        // Its link events and uevents arrive and are judged: none concerns us.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(listener.relevant.load(Ordering::Relaxed), 0);
+
+        assert!(veth("krocedpev0", "krocedpev1"));
+        tokio::time::timeout(Duration::from_secs(10), listener.changed.notified())
+            .await
+            .expect("no wake for a known link appearing in the listener's netns");
+        assert!(listener.relevant.load(Ordering::Relaxed) >= 1);
     }
 }

@@ -20,6 +20,9 @@ pub mod route;
 pub mod socket;
 pub mod vf_attrs;
 
+/// The netlink family a socket speaks (`NetlinkRoute`, `NetlinkRDMA`,
+/// `NetlinkKObjectUEvent`): users need no nix of their own for it.
+pub use nix::sys::socket::SockProtocol;
 pub use socket::{NlError, NlSocket};
 
 /// `struct nlmsghdr` is 16 bytes.
