@@ -2,6 +2,8 @@
 //! PF reply parser (kroce-netlink) feeding kroce-cni's plan. Moved out of
 //! the codec's unit tests when the codec left kroce-cni.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use kroce_cni::testing::hex;
 use kroce_netlink::route::{parse_vfs, set_vf};
 use kroce_netlink::vf_attrs::{VfSetting, VlanProto};

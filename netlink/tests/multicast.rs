@@ -3,6 +3,8 @@
 //! up and deletes; a socket subscribed in the test's own netns sees none of
 //! it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use kroce_netlink::netns::Netns;
 use kroce_netlink::route::{LinkInfo, RTM_DELLINK, RTM_NEWLINK, RTNLGRP_LINK, parse_link};
 use kroce_netlink::{NlSocket, SockProtocol, split_messages};
