@@ -282,15 +282,15 @@ impl<'a> Fields<'a> {
     fn mac(&self, key: &str) -> Result<Option<Mac>, ConfigError> {
         match self.string(key)? {
             None => Ok(None),
-            Some(s) => parse_unicast_mac(s)
-                .map(Some)
-                .map_err(|e| invalid(&self.name(key), &Value::String(s.to_string()), e)),
+            Some(s) => Mac::parse_unicast(s).map(Some).map_err(|e| {
+                invalid(
+                    &self.name(key),
+                    &Value::String(s.to_string()),
+                    e.to_string(),
+                )
+            }),
         }
     }
-}
-
-fn parse_unicast_mac(s: &str) -> Result<Mac, String> {
-    Mac::parse_unicast(s)
 }
 
 /// A key that once chose a host path (a test seam): refused wherever it
@@ -351,7 +351,7 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
     let ipam = parse_ipam(&top)?;
     let dns = match top.get("dns") {
         None => Dns::default(),
-        Some(v) => Dns::parse(v, "dns").map_err(|e| invalid("dns", v, e))?,
+        Some(v) => Dns::parse(v, "dns").map_err(|e| invalid("dns", v, e.to_string()))?,
     };
     let log_level = top
         .one_of(
@@ -362,7 +362,9 @@ pub fn parse(bytes: &[u8], args: &CniArgs) -> Result<NetConf, ConfigError> {
         .unwrap_or(LogLevel::Info);
     let prev_result = match top.get("prevResult") {
         None => None,
-        Some(v) => Some(CniResult::parse(v).map_err(|e| invalid("prevResult", &Value::Null, e))?),
+        Some(v) => Some(
+            CniResult::parse(v).map_err(|e| invalid("prevResult", &Value::Null, e.to_string()))?,
+        ),
     };
     let valid_attachments = parse_valid_attachments(obj)?;
     Ok(NetConf {
@@ -585,8 +587,8 @@ fn parse_mac(
     let mac_args = match args.get("MAC") {
         None => None,
         Some(s) => Some(
-            parse_unicast_mac(s)
-                .map_err(|e| invalid("CNI_ARGS MAC", &Value::String(s.into()), e))?,
+            Mac::parse_unicast(s)
+                .map_err(|e| invalid("CNI_ARGS MAC", &Value::String(s.into()), e.to_string()))?,
         ),
     };
     let mac = rc.mac("mac")?.or(mac_args);

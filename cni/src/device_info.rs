@@ -3,7 +3,7 @@
 
 use kroce_contracts::device_info::MAX_SIZE;
 use sriov_helpers::PciAddress;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What kroce-cni takes from a device-info file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,10 +15,11 @@ pub struct DeviceInfo {
 
 /// Parses the file's JSON ([`kroce_contracts::device_info`], the format the
 /// device plugin and the DRA plugin write). Errors name the field and value.
-pub fn parse(bytes: &[u8]) -> Result<DeviceInfo, String> {
-    let d = kroce_contracts::device_info::parse(bytes).map_err(|e| e.to_string())?;
-    let addr = |k: &str, s: &str| -> Result<PciAddress, String> {
-        s.parse().map_err(|e| format!("pci.{k}: {e}"))
+pub fn parse(bytes: &[u8]) -> Result<DeviceInfo, DeviceInfoFileError> {
+    let d = kroce_contracts::device_info::parse(bytes)?;
+    let addr = |key: &'static str, s: &str| -> Result<PciAddress, DeviceInfoFileError> {
+        s.parse()
+            .map_err(|source| DeviceInfoFileError::Pci { key, source })
     };
     Ok(DeviceInfo {
         pci_address: addr("pci-address", &d.pci.pci_address)?,
@@ -32,13 +33,45 @@ pub fn parse(bytes: &[u8]) -> Result<DeviceInfo, String> {
     })
 }
 
+/// A device-info file kroce-cni cannot use: which file, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceInfoFileError {
+    #[error(transparent)]
+    Contract(#[from] kroce_contracts::device_info::DeviceInfoError),
+    #[error("pci.{key}: {source}")]
+    Pci {
+        key: &'static str,
+        #[source]
+        source: sriov_helpers::ParseError,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a regular file", path.display())]
+    NotRegular { path: PathBuf },
+    #[error("{} is over {MAX_SIZE} bytes", path.display())]
+    TooBig { path: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<DeviceInfoFileError>,
+    },
+}
+
 /// Reads and parses a device-info file. The path comes with the config
 /// (`runtimeConfig`), so only a regular file of at most 64 KiB is read: a
 /// FIFO, a device or `/dev/zero` is refused, not waited on.
-pub fn read(path: &Path) -> Result<DeviceInfo, String> {
+pub fn read(path: &Path) -> Result<DeviceInfo, DeviceInfoFileError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let cannot = |source| DeviceInfoFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
     // Non-blocking: opening a FIFO for reading would wait for a writer.
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -46,16 +79,23 @@ pub fn read(path: &Path) -> Result<DeviceInfo, String> {
         .open(path)
         .map_err(cannot)?;
     if !f.metadata().map_err(cannot)?.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
+        return Err(DeviceInfoFileError::NotRegular {
+            path: path.to_path_buf(),
+        });
     }
     let mut bytes = Vec::new();
     f.take(MAX_SIZE + 1)
         .read_to_end(&mut bytes)
         .map_err(cannot)?;
     if bytes.len() as u64 > MAX_SIZE {
-        return Err(format!("{} is over {MAX_SIZE} bytes", path.display()));
+        return Err(DeviceInfoFileError::TooBig {
+            path: path.to_path_buf(),
+        });
     }
-    parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    parse(&bytes).map_err(|e| DeviceInfoFileError::Parse {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
 }
 
 #[cfg(test)]
@@ -86,7 +126,7 @@ mod tests {
             ),
             ("nope", "JSON"),
         ] {
-            let e = parse(bad.as_bytes()).unwrap_err();
+            let e = parse(bad.as_bytes()).unwrap_err().to_string();
             assert!(e.contains(needle), "{bad}: {e}");
         }
     }

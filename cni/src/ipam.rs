@@ -516,10 +516,10 @@ pub fn finish_add(
         command: "ADD",
         reason: format!("result is not JSON: {e}"),
     })?;
-    CniResult::parse(&v).map_err(|reason| IpamError::BadOutput {
+    CniResult::parse(&v).map_err(|e| IpamError::BadOutput {
         plugin: req.plugin.into(),
         command: "ADD",
-        reason,
+        reason: e.to_string(),
     })
 }
 

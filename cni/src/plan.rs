@@ -5,6 +5,7 @@ use crate::addr::Mac;
 use crate::config::{NetConf, RdmaPolicy};
 use crate::memlock::Memlock;
 use crate::protocol::{CniError, code};
+use crate::rdma::RdmaError;
 use crate::vf::{Target, VfTarget};
 use kroce_netlink::rdma::RdmaNetnsMode;
 use kroce_netlink::vf_attrs::{VfSetting, VfState, VlanProto};
@@ -229,7 +230,7 @@ pub fn plan_add_on(
     conf: &NetConf,
     pod_ifname: &str,
     vf: &Target,
-    rdma_mode: Option<Result<RdmaNetnsMode, String>>,
+    rdma_mode: Option<Result<RdmaNetnsMode, RdmaError>>,
     current: Option<&VfState>,
 ) -> Result<(AddPlan, Vec<String>), CniError> {
     let (mut plan, warnings) = plan_add(conf, pod_ifname, vf, rdma_mode)?;
@@ -246,7 +247,7 @@ pub fn plan_add(
     conf: &NetConf,
     pod_ifname: &str,
     vf: &Target,
-    rdma_mode: Option<Result<RdmaNetnsMode, String>>,
+    rdma_mode: Option<Result<RdmaNetnsMode, RdmaError>>,
 ) -> Result<(AddPlan, Vec<String>), CniError> {
     let mut warnings = Vec::new();
     let mut vf_settings = vf_settings(conf);
@@ -580,20 +581,24 @@ mod tests {
         let always = conf(serde_json::json!({"rdma":true}));
         let never = conf(serde_json::json!({"rdma":false}));
         let v = vf(Some("mlx5_2"));
-        let shared = Some(Ok(RdmaNetnsMode::Shared));
+        let shared = || Some(Ok(RdmaNetnsMode::Shared));
+        // What a host without an RDMA stack answers.
+        let unreadable = || {
+            Some(Err(RdmaError::EnterNetns {
+                netns: "host".into(),
+                source: std::io::Error::other("EPROTONOSUPPORT"),
+            }))
+        };
         assert_eq!(
-            plan_add(&auto, "n", &v, shared.clone())
-                .unwrap()
-                .0
-                .rdma_device,
+            plan_add(&auto, "n", &v, shared()).unwrap().0.rdma_device,
             None
         );
-        let e = plan_add(&always, "n", &v, shared).unwrap_err();
+        let e = plan_add(&always, "n", &v, shared()).unwrap_err();
         assert!(e.msg.contains("shared"), "{e}");
-        let (p, w) = plan_add(&auto, "n", &v, Some(Err("EPROTONOSUPPORT".into()))).unwrap();
+        let (p, w) = plan_add(&auto, "n", &v, unreadable()).unwrap();
         assert_eq!(p.rdma_device, None);
         assert!(w[0].contains("mlx5_2"));
-        assert!(plan_add(&always, "n", &v, Some(Err("x".into()))).is_err());
+        assert!(plan_add(&always, "n", &v, unreadable()).is_err());
         assert_eq!(
             plan_add(&never, "n", &v, Some(Ok(RdmaNetnsMode::Exclusive)))
                 .unwrap()

@@ -32,16 +32,30 @@ impl Mac {
     /// A MAC that can name one interface: not multicast, not all zeros
     /// (what a config may set). The error says why, for the caller to
     /// prefix with the field and the value.
-    pub fn parse_unicast(s: &str) -> Result<Mac, String> {
+    pub fn parse_unicast(s: &str) -> Result<Mac, MacError> {
         let m: Mac = s.parse()?;
         if m.is_multicast() {
-            return Err("a multicast address cannot name one interface".into());
+            return Err(MacError::Multicast);
         }
         if m.is_zero() {
-            return Err("all zeros is not an address".into());
+            return Err(MacError::Zero);
         }
         Ok(m)
     }
+}
+
+/// Why a string is not a MAC (or not one that can name an interface). The
+/// text says why only: the caller prefixes the field and the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MacError {
+    #[error("{SYNTAX}")]
+    Syntax,
+    #[error("{SYNTAX}: byte {index} ({part:?}) is not two hex digits")]
+    Byte { index: usize, part: String },
+    #[error("a multicast address cannot name one interface")]
+    Multicast,
+    #[error("all zeros is not an address")]
+    Zero,
 }
 
 impl fmt::Display for Mac {
@@ -58,24 +72,25 @@ impl fmt::Display for Mac {
 const SYNTAX: &str = "expected six hex bytes separated by ':' (aa:bb:cc:dd:ee:ff)";
 
 impl FromStr for Mac {
-    type Err = String;
+    type Err = MacError;
 
     /// `aa:bb:cc:dd:ee:ff`, hex digits in either case. Only hex digits: no
     /// sign (`u8::from_str_radix` alone would take `+a`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let parts: Vec<&str> = s.split(':').collect();
         if parts.len() != 6 {
-            return Err(SYNTAX.into());
+            return Err(MacError::Syntax);
         }
         let mut out = [0u8; 6];
         for (i, p) in parts.iter().enumerate() {
+            let not_hex = || MacError::Byte {
+                index: i + 1,
+                part: p.to_string(),
+            };
             if p.len() != 2 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(format!(
-                    "{SYNTAX}: byte {} ({p:?}) is not two hex digits",
-                    i + 1
-                ));
+                return Err(not_hex());
             }
-            out[i] = u8::from_str_radix(p, 16).map_err(|e| e.to_string())?;
+            out[i] = u8::from_str_radix(p, 16).map_err(|_| not_hex())?;
         }
         Ok(Mac(out))
     }
@@ -130,7 +145,10 @@ mod tests {
             "02-00-00-00-00-01",
         ] {
             let e = bad.parse::<Mac>().unwrap_err();
-            assert!(e.contains("expected six hex bytes"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("expected six hex bytes"),
+                "{bad}: {e}"
+            );
         }
         let e = serde_json::from_value::<Mac>(serde_json::json!("02:00")).unwrap_err();
         assert!(e.to_string().contains("\"02:00\""), "{e}");
@@ -143,10 +161,10 @@ mod tests {
             Ok(Mac([2, 0, 0, 0, 0, 1]))
         );
         let e = Mac::parse_unicast("03:00:00:00:00:01").unwrap_err();
-        assert!(e.contains("a multicast address"), "{e}");
+        assert!(e.to_string().contains("a multicast address"), "{e}");
         let e = Mac::parse_unicast("00:00:00:00:00:00").unwrap_err();
-        assert!(e.contains("all zeros"), "{e}");
+        assert!(e.to_string().contains("all zeros"), "{e}");
         let e = Mac::parse_unicast("02:00:00:00:01").unwrap_err();
-        assert!(e.contains("expected six hex bytes"), "{e}");
+        assert!(e.to_string().contains("expected six hex bytes"), "{e}");
     }
 }

@@ -171,25 +171,50 @@ pub fn classify(file_name: &str) -> Option<FileKind> {
 /// The kernel's `dev_valid_name` (1-15 bytes, not `.`/`..`, no `/`, `:` or
 /// whitespace, the rule kroce-cni applies to `CNI_IFNAME`), and none of
 /// [`RESERVED_IFNAMES`].
-pub fn check_ifname(name: &str) -> Result<(), String> {
+pub fn check_ifname(name: &str) -> Result<(), AttachIfnameError> {
+    let bad = |why| {
+        Err(AttachIfnameError {
+            name: name.to_string(),
+            why,
+        })
+    };
     if name.is_empty() || name.len() > 15 {
-        return Err(format!("{name:?} must be 1 to 15 bytes"));
+        return bad(IfnameRule::Length);
     }
     if name == "." || name == ".." {
-        return Err(format!("{name:?} cannot be '.' or '..'"));
+        return bad(IfnameRule::Dots);
     }
     if let Some(c) = name
         .chars()
         .find(|c| *c == '/' || *c == ':' || c.is_whitespace() || c.is_control())
     {
-        return Err(format!("{name:?} contains {c:?}"));
+        return bad(IfnameRule::Char(c));
     }
     if RESERVED_IFNAMES.contains(&name) {
-        return Err(format!(
-            "{name:?} is reserved (the loopback or the primary network's interface)"
-        ));
+        return bad(IfnameRule::Reserved);
     }
     Ok(())
+}
+
+/// A pod interface name [`check_ifname`] refuses, and the rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name:?} {why}")]
+pub struct AttachIfnameError {
+    pub name: String,
+    pub why: IfnameRule,
+}
+
+/// The rule of [`check_ifname`] a name breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IfnameRule {
+    #[error("must be 1 to 15 bytes")]
+    Length,
+    #[error("cannot be '.' or '..'")]
+    Dots,
+    #[error("contains {0:?}")]
+    Char(char),
+    #[error("is reserved (the loopback or the primary network's interface)")]
+    Reserved,
 }
 
 #[cfg(test)]
@@ -233,7 +258,7 @@ mod tests {
             "..",
             "sixteen-chars-xx",
         ] {
-            let e = check_ifname(bad).unwrap_err();
+            let e = check_ifname(bad).unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }
     }

@@ -4,7 +4,7 @@
 //! running and registered, reloads the config live, and cleans up on exit.
 
 use crate::cdi;
-use crate::config::{self, Config, ConfigError, Format};
+use crate::config::{self, Config, Format, PluginConfigError};
 use crate::device_info;
 use crate::files::{self, AtomicFileError};
 use crate::host_view::{self, HostView};
@@ -123,7 +123,7 @@ impl Counters {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] PluginConfigError),
     #[error(transparent)]
     Watch(#[from] WatchError),
     #[error(transparent)]
@@ -140,7 +140,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     // the node; until then serve no pools and wait for the file to appear.
     let (config_text, config) = match config::load(&opts.config_path) {
         Ok(loaded) => loaded,
-        Err(ConfigError::Read { path, source })
+        Err(PluginConfigError::Read { path, source })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
             tracing::warn!(path = %path.display(), "no config yet; serving no pools until it appears");

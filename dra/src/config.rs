@@ -114,15 +114,15 @@ impl OpaqueConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{at}: opaque parameters field {field}: {value} is invalid: {reason}")]
-pub struct ConfigError {
+pub struct ClaimConfigError {
     pub at: String,
     pub field: String,
     pub value: String,
     pub reason: String,
 }
 
-fn err(at: &str, field: &str, value: &Value, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
+fn err(at: &str, field: &str, value: &Value, reason: impl Into<String>) -> ClaimConfigError {
+    ClaimConfigError {
         at: at.to_string(),
         field: field.to_string(),
         value: value.to_string(),
@@ -135,7 +135,7 @@ fn uint(
     field: &str,
     v: &Value,
     range: std::ops::RangeInclusive<u64>,
-) -> Result<u64, ConfigError> {
+) -> Result<u64, ClaimConfigError> {
     match v.as_u64() {
         Some(n) if range.contains(&n) => Ok(n),
         _ => Err(err(
@@ -152,8 +152,11 @@ fn uint(
 }
 
 /// A unicast MAC (the one grammar, [`kroce_contracts::mac`]).
-fn unicast_mac(v: &Value) -> Result<Mac, String> {
-    Mac::parse_unicast(v.as_str().ok_or("expected a string")?)
+fn unicast_mac(at: &str, field: &str, v: &Value) -> Result<Mac, ClaimConfigError> {
+    let s = v
+        .as_str()
+        .ok_or_else(|| err(at, field, v, "expected a string"))?;
+    Mac::parse_unicast(s).map_err(|e| err(at, field, v, e.to_string()))
 }
 
 /// One entry, parsed: its fields, and (a class's) `allowClaimOverrides`.
@@ -166,7 +169,7 @@ struct Entry {
     allow: Option<(Vec<String>, Value)>,
 }
 
-fn allow_list(at: &str, v: &Value) -> Result<Vec<String>, ConfigError> {
+fn allow_list(at: &str, v: &Value) -> Result<Vec<String>, ClaimConfigError> {
     let expected = || {
         err(
             at,
@@ -188,11 +191,11 @@ fn allow_list(at: &str, v: &Value) -> Result<Vec<String>, ConfigError> {
 }
 
 /// Parses and validates one entry's `parameters`. `at` names the entry.
-pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ConfigError> {
+pub fn parse(parameters: &Value, at: &str) -> Result<ClaimConfig, ClaimConfigError> {
     parse_entry(parameters, at).map(|e| e.config)
 }
 
-fn parse_entry(parameters: &Value, at: &str) -> Result<Entry, ConfigError> {
+fn parse_entry(parameters: &Value, at: &str) -> Result<Entry, ClaimConfigError> {
     let Some(obj) = parameters.as_object() else {
         return Err(err(at, "parameters", parameters, "expected an object"));
     };
@@ -247,10 +250,10 @@ fn parse_entry(parameters: &Value, at: &str) -> Result<Entry, ConfigError> {
                 let name = v
                     .as_str()
                     .ok_or_else(|| err(at, k, v, "expected a string"))?;
-                network_attach::check_ifname(name).map_err(|e| err(at, k, v, e))?;
+                network_attach::check_ifname(name).map_err(|e| err(at, k, v, e.to_string()))?;
                 out.interface_name = Some(name.to_string());
             }
-            "mac" => out.mac = Some(unicast_mac(v).map_err(|e| err(at, k, v, e))?),
+            "mac" => out.mac = Some(unicast_mac(at, k, v)?),
             "attach" => {
                 out.attach = Some(
                     v.as_bool()
@@ -308,7 +311,7 @@ fn check_claim_entry(
     entry: &Entry,
     allowed: &std::collections::BTreeSet<String>,
     at: &str,
-) -> Result<(), ConfigError> {
+) -> Result<(), ClaimConfigError> {
     if let Some((_, v)) = &entry.allow {
         return Err(err(
             at,
@@ -351,7 +354,7 @@ fn check_claim_entry(
 /// The fields claims may set: the union of the class entries' allow-lists.
 fn allowed_by<'a>(
     classes: impl Iterator<Item = &'a OpaqueConfig>,
-) -> Result<std::collections::BTreeSet<String>, ConfigError> {
+) -> Result<std::collections::BTreeSet<String>, ClaimConfigError> {
     let mut allowed = std::collections::BTreeSet::new();
     for c in classes.filter(|c| c.source == ConfigSource::FromClass) {
         if let Some((list, _)) = parse_entry(&c.parameters, &c.location())?.allow {
@@ -364,7 +367,7 @@ fn allowed_by<'a>(
 /// The effective configuration of `request`: this driver's entries that
 /// apply to it, class entries first, claim entries over them (each claim
 /// field allowed by a class entry applying to the request).
-pub fn effective(configs: &[OpaqueConfig], request: &str) -> Result<ClaimConfig, ConfigError> {
+pub fn effective(configs: &[OpaqueConfig], request: &str) -> Result<ClaimConfig, ClaimConfigError> {
     let mut mine: Vec<&OpaqueConfig> = configs
         .iter()
         .filter(|c| c.driver == DRIVER_NAME && c.applies_to(request))
@@ -386,7 +389,7 @@ pub fn effective(configs: &[OpaqueConfig], request: &str) -> Result<ClaimConfig,
 /// Validates every entry of this driver, whether or not a request of ours
 /// uses it: a typo anywhere fails the claim instead of being ignored, and
 /// a claim entry setting what no class allows is refused.
-pub fn validate_all(configs: &[OpaqueConfig]) -> Result<(), ConfigError> {
+pub fn validate_all(configs: &[OpaqueConfig]) -> Result<(), ClaimConfigError> {
     let mine = || configs.iter().filter(|c| c.driver == DRIVER_NAME);
     let allowed = allowed_by(mine())?;
     for c in mine() {

@@ -21,7 +21,7 @@
 //!   on at RunPodSandbox; its result file is removed with the claim.
 
 use crate::claims::{Allocation, ClaimRef};
-use crate::config::{self, ClaimConfig, ConfigError};
+use crate::config::{self, ClaimConfig, ClaimConfigError};
 use crate::driver::DRIVER_NAME;
 use crate::slice::Published;
 use kroce_contracts::cdi::CDI_VERSION;
@@ -67,7 +67,7 @@ pub enum PlanError {
     #[error("claim uid {uid:?} is not usable in file names (1-128 letters, digits and '-')")]
     BadUid { uid: String },
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] ClaimConfigError),
     #[error("device {device} of request {request} is in pool {pool}, not this node's pool {node}")]
     WrongPool {
         request: String,

@@ -14,11 +14,11 @@
 //! slot gets no device-info file (what a CNI would use to move it) and
 //! refuses network settings.
 
-use crate::config::{ClaimConfig, ConfigError, NetnsMode};
+use crate::config::{ClaimConfig, ClaimConfigError, NetnsMode};
 use crate::prepare::PlanError;
 use crate::slice::{Published, Sharing, device_name, is_shared_slot, slot_of};
 use kroce_contracts::device_info::DeviceInfo;
-use kroce_inventory::config::{self as dp_config, ConfigError as DpConfigError};
+use kroce_inventory::config::{self as dp_config, PluginConfigError as DpConfigError};
 use kroce_inventory::device_info;
 use kroce_inventory::inventory::Candidate;
 use std::collections::BTreeMap;
@@ -172,11 +172,11 @@ pub fn check_prepare(
 /// slot takes `memlock` and `rdmaNetnsMode: shared` only; network settings
 /// (vlan, mtu, ipam, `rdmaNetnsMode: exclusive`) would need its netdev or
 /// RDMA device moved into the pod, which a shared HCA never is.
-pub fn check_slot_config(device: &str, cfg: &ClaimConfig) -> Result<(), ConfigError> {
+pub fn check_slot_config(device: &str, cfg: &ClaimConfig) -> Result<(), ClaimConfigError> {
     if !is_shared_slot(device) {
         return Ok(());
     }
-    let bad = |field: &str, value: String| ConfigError {
+    let bad = |field: &str, value: String| ClaimConfigError {
         at: format!("device {device} (a shared HCA slot)"),
         field: field.to_string(),
         value,

@@ -103,7 +103,7 @@ impl Format {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum PluginConfigError {
     #[error("cannot read config {path}: {source}")]
     Read {
         path: PathBuf,
@@ -147,8 +147,8 @@ const SELECTOR_FIELDS: &[&str] = &[
 
 /// Reads and validates a config file; returns its text too (reloads
 /// compare it to skip unchanged files).
-pub fn load(path: &Path) -> Result<(String, Config), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+pub fn load(path: &Path) -> Result<(String, Config), PluginConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PluginConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
@@ -157,18 +157,18 @@ pub fn load(path: &Path) -> Result<(String, Config), ConfigError> {
 }
 
 /// Parses and validates a config document.
-pub fn parse(text: &str, format: Format) -> Result<Config, ConfigError> {
+pub fn parse(text: &str, format: Format) -> Result<Config, PluginConfigError> {
     let doc: Value = match format {
-        Format::Json => serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
+        Format::Json => serde_json::from_str(text).map_err(|e| PluginConfigError::Syntax {
             format: "JSON",
             message: e.to_string(),
         })?,
-        Format::Yaml => serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
+        Format::Yaml => serde_saphyr::from_str(text).map_err(|e| PluginConfigError::Syntax {
             format: "YAML",
             message: e.to_string(),
         })?,
     };
-    let top = |field: &str, message: String| ConfigError::TopLevel {
+    let top = |field: &str, message: String| PluginConfigError::TopLevel {
         field: field.into(),
         message,
     };
@@ -193,7 +193,7 @@ pub fn parse(text: &str, format: Format) -> Result<Config, ConfigError> {
     for (index, raw) in pools.iter().enumerate() {
         let pool = parse_pool(index, raw)?;
         if let Some(first) = out.iter().position(|p| p.resource == pool.resource) {
-            return Err(ConfigError::Pool {
+            return Err(PluginConfigError::Pool {
                 index,
                 name: Some(pool.resource.to_string()),
                 field: "resourceName".into(),
@@ -223,8 +223,8 @@ struct PoolCtx {
 }
 
 impl PoolCtx {
-    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError::Pool {
+    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> PluginConfigError {
+        PluginConfigError::Pool {
             index: self.index,
             name: self.name.clone(),
             field: field.into(),
@@ -233,7 +233,7 @@ impl PoolCtx {
     }
 }
 
-fn parse_pool(index: usize, raw: &Value) -> Result<Pool, ConfigError> {
+fn parse_pool(index: usize, raw: &Value) -> Result<Pool, PluginConfigError> {
     let mut ctx = PoolCtx { index, name: None };
     let Value::Object(obj) = raw else {
         return Err(ctx.err("(pool)", format!("expected a mapping, got {}", kind(raw))));
@@ -323,8 +323,8 @@ fn parse_pool(index: usize, raw: &Value) -> Result<Pool, ConfigError> {
 fn check_keys(
     obj: &Map<String, Value>,
     allowed: &[&str],
-    err: impl Fn(String, String) -> ConfigError,
-) -> Result<(), ConfigError> {
+    err: impl Fn(String, String) -> PluginConfigError,
+) -> Result<(), PluginConfigError> {
     match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
         Some(k) => Err(err(
             k.clone(),
@@ -334,46 +334,37 @@ fn check_keys(
     }
 }
 
-fn parse_selectors(ctx: &PoolCtx, s: &Map<String, Value>) -> Result<Selectors, ConfigError> {
+fn parse_selectors(ctx: &PoolCtx, s: &Map<String, Value>) -> Result<Selectors, PluginConfigError> {
     check_keys(s, SELECTOR_FIELDS, |k, m| {
         ctx.err(format!("selectors.{k}"), m)
     })?;
-    let hex_ids = |field: &str| -> Result<Option<Vec<u16>>, ConfigError> {
-        list(ctx, s, field, |i, v| {
+    let hex_ids = |field: &str| -> Result<Option<Vec<u16>>, PluginConfigError> {
+        list(ctx, s, field, |v| {
             let Value::String(t) = v else {
-                return Err(format!(
-                    "[{i}]: expected a quoted hex id like \"15b3\", got {v} (quote it: YAML reads 1017 as a number)"
-                ));
+                return Err(ItemError::HexNotQuoted(v.clone()));
             };
             let digits = t.strip_prefix("0x").unwrap_or(t);
             if digits.len() != 4 {
-                return Err(format!("[{i}]: {t:?} is not a 4-digit hex id"));
+                return Err(ItemError::HexId(t.clone()));
             }
-            u16::from_str_radix(digits, 16)
-                .map_err(|_| format!("[{i}]: {t:?} is not a 4-digit hex id"))
+            u16::from_str_radix(digits, 16).map_err(|_| ItemError::HexId(t.clone()))
         })
     };
     let vendors = hex_ids("vendors")?;
     let devices = hex_ids("devices")?;
-    let drivers = list(ctx, s, "drivers", |i, v| {
-        name_str(i, v, 64, "a driver name")
+    let drivers = list(ctx, s, "drivers", |v| name_str(v, 64, "a driver name"))?;
+    let pf_names = list(ctx, s, "pfNames", |v| match v {
+        Value::String(t) => Ok(t.parse::<PfSelector>()?),
+        _ => Err(ItemError::PfNameNotString(v.clone())),
     })?;
-    let pf_names = list(ctx, s, "pfNames", |i, v| match v {
-        Value::String(t) => t.parse::<PfSelector>().map_err(|e| format!("[{i}]: {e}")),
-        _ => Err(format!(
-            "[{i}]: expected a string like \"ens1f0#0-3\", got {v}"
-        )),
+    let root_devices = list(ctx, s, "rootDevices", |v| match v {
+        Value::String(t) => Ok(t.parse::<PciAddress>()?),
+        _ => Err(ItemError::PciNotString(v.clone())),
     })?;
-    let root_devices = list(ctx, s, "rootDevices", |i, v| match v {
-        Value::String(t) => t.parse::<PciAddress>().map_err(|e| format!("[{i}]: {e}")),
-        _ => Err(format!("[{i}]: expected a PCI address string, got {v}")),
-    })?;
-    let link_types = list(ctx, s, "linkTypes", |i, v| match v.as_str() {
+    let link_types = list(ctx, s, "linkTypes", |v| match v.as_str() {
         Some("ether" | "ethernet") => Ok(LinkType::Ether),
         Some("infiniband") => Ok(LinkType::Infiniband),
-        _ => Err(format!(
-            "[{i}]: expected \"ether\" or \"infiniband\", got {v}"
-        )),
+        _ => Err(ItemError::LinkType(v.clone())),
     })?;
     let is_rdma = match s.get("isRdma") {
         None => None,
@@ -385,14 +376,12 @@ fn parse_selectors(ctx: &PoolCtx, s: &Map<String, Value>) -> Result<Selectors, C
             ));
         }
     };
-    let numa_nodes = list(ctx, s, "numaNodes", |i, v| {
+    let numa_nodes = list(ctx, s, "numaNodes", |v| {
         v.as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| format!("[{i}]: expected a NUMA node number, got {v}"))
+            .ok_or_else(|| ItemError::NumaNode(v.clone()))
     })?;
-    let if_names = list(ctx, s, "ifNames", |i, v| {
-        name_str(i, v, 15, "an interface name")
-    })?;
+    let if_names = list(ctx, s, "ifNames", |v| name_str(v, 15, "an interface name"))?;
     Ok(Selectors {
         vendors,
         devices,
@@ -406,7 +395,7 @@ fn parse_selectors(ctx: &PoolCtx, s: &Map<String, Value>) -> Result<Selectors, C
     })
 }
 
-fn name_str(i: usize, v: &Value, max: usize, what: &str) -> Result<String, String> {
+fn name_str(v: &Value, max: usize, what: &'static str) -> Result<String, ItemError> {
     match v {
         Value::String(t)
             if !t.is_empty()
@@ -416,10 +405,40 @@ fn name_str(i: usize, v: &Value, max: usize, what: &str) -> Result<String, Strin
         {
             Ok(t.clone())
         }
-        _ => Err(format!(
-            "[{i}]: expected {what} (1-{max} characters, no '/' or spaces), got {v}"
-        )),
+        _ => Err(ItemError::Name {
+            what,
+            max,
+            got: v.clone(),
+        }),
     }
+}
+
+/// Why one item of a selector list is refused ([`list`] names the item).
+#[derive(Debug, thiserror::Error)]
+enum ItemError {
+    #[error(
+        "expected a quoted hex id like \"15b3\", got {0} (quote it: YAML reads 1017 as a number)"
+    )]
+    HexNotQuoted(Value),
+    #[error("{0:?} is not a 4-digit hex id")]
+    HexId(String),
+    #[error("expected {what} (1-{max} characters, no '/' or spaces), got {got}")]
+    Name {
+        what: &'static str,
+        max: usize,
+        got: Value,
+    },
+    #[error("expected a string like \"ens1f0#0-3\", got {0}")]
+    PfNameNotString(Value),
+    #[error("expected a PCI address string, got {0}")]
+    PciNotString(Value),
+    /// A pfNames or rootDevices string that does not parse.
+    #[error(transparent)]
+    Parse(#[from] sriov_helpers::ParseError),
+    #[error("expected \"ether\" or \"infiniband\", got {0}")]
+    LinkType(Value),
+    #[error("expected a NUMA node number, got {0}")]
+    NumaNode(Value),
 }
 
 /// A selector list: absent is `None`; present must be a non-empty list whose
@@ -428,8 +447,8 @@ fn list<T>(
     ctx: &PoolCtx,
     s: &Map<String, Value>,
     field: &str,
-    item: impl Fn(usize, &Value) -> Result<T, String>,
-) -> Result<Option<Vec<T>>, ConfigError> {
+    item: impl Fn(&Value) -> Result<T, ItemError>,
+) -> Result<Option<Vec<T>>, PluginConfigError> {
     let path = format!("selectors.{field}");
     match s.get(field) {
         None => Ok(None),
@@ -440,13 +459,7 @@ fn list<T>(
         Some(Value::Array(a)) => {
             let mut out = Vec::with_capacity(a.len());
             for (i, v) in a.iter().enumerate() {
-                // The item error starts with `[i]`, glued to the field path.
-                out.push(item(i, v).map_err(|m| match m.split_once(": ") {
-                    Some((idx, rest)) if idx.starts_with('[') => {
-                        ctx.err(format!("{path}{idx}"), rest.to_string())
-                    }
-                    _ => ctx.err(path.clone(), m),
-                })?);
+                out.push(item(v).map_err(|e| ctx.err(format!("{path}[{i}]"), e.to_string()))?);
             }
             Ok(Some(out))
         }

@@ -6,20 +6,20 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {source}")]
-pub struct FileError {
+pub struct HostFileError {
     pub path: PathBuf,
     #[source]
     pub source: io::Error,
 }
 
-fn ctx(path: &Path) -> impl FnOnce(io::Error) -> FileError + '_ {
-    move |source| FileError {
+fn ctx(path: &Path) -> impl FnOnce(io::Error) -> HostFileError + '_ {
+    move |source| HostFileError {
         path: path.to_path_buf(),
         source,
     }
 }
 
-pub fn read_trimmed(path: &Path) -> Result<String, FileError> {
+pub fn read_trimmed(path: &Path) -> Result<String, HostFileError> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .map_err(ctx(path))
@@ -28,7 +28,7 @@ pub fn read_trimmed(path: &Path) -> Result<String, FileError> {
 /// Writes `value` unless the file already reads back as `value`; returns
 /// whether it wrote. The file must exist (sysfs/configfs never create
 /// attributes on write; a missing one means the driver does not offer it).
-pub fn ensure_value(path: &Path, value: &str) -> Result<bool, FileError> {
+pub fn ensure_value(path: &Path, value: &str) -> Result<bool, HostFileError> {
     let current = read_trimmed(path)?;
     if current == value {
         return Ok(false);

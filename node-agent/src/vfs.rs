@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
-pub enum VfError {
+pub enum SriovNumvfsError {
     #[error("{pf}: writing sriov_numvfs={num} did not finish within {timeout:?} (driver blocked)")]
     Timeout {
         pf: PciAddress,
@@ -44,18 +44,18 @@ pub enum VfError {
     },
 }
 
-impl VfError {
+impl SriovNumvfsError {
     /// Condition reason for the error.
     pub fn reason(&self) -> &'static str {
         match self {
-            VfError::Timeout { .. } => "VfCreateTimeout",
-            VfError::Busy { .. } => "VfWriteInProgress",
-            VfError::Kernel { source, .. } => match source.raw_os_error() {
+            SriovNumvfsError::Timeout { .. } => "VfCreateTimeout",
+            SriovNumvfsError::Busy { .. } => "VfWriteInProgress",
+            SriovNumvfsError::Kernel { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC) => "VfResourcesExhausted",
                 Some(libc::EBUSY) => "VfBusy",
                 _ => "VfCreateFailed",
             },
-            VfError::Host { .. } => "VfCreateFailed",
+            SriovNumvfsError::Host { .. } => "VfCreateFailed",
         }
     }
 }
@@ -79,21 +79,21 @@ pub fn errno_hint(errno: Option<i32>) -> &'static str {
     }
 }
 
-fn map_host_error(pf: PciAddress, num: u32, e: HostError) -> VfError {
+fn map_host_error(pf: PciAddress, num: u32, e: HostError) -> SriovNumvfsError {
     match e {
-        HostError::Write { source, .. } => VfError::Kernel {
+        HostError::Write { source, .. } => SriovNumvfsError::Kernel {
             pf,
             num,
             hint: errno_hint(source.raw_os_error()),
             source,
         },
-        other => VfError::Host { pf, source: other },
+        other => SriovNumvfsError::Host { pf, source: other },
     }
 }
 
 pub trait VfControl: Send + Sync {
     /// One write of `num` to the PF's `sriov_numvfs`.
-    fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), VfError>;
+    fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), SriovNumvfsError>;
 }
 
 /// A write that outlived its timeout, still in the kernel.
@@ -107,7 +107,7 @@ struct InFlight {
 /// The real thing: the sysfs write on a helper thread, abandoned (and
 /// reported) if it does not return within `timeout`. An abandoned write
 /// keeps its PF busy until its thread returns: later writes to that PF are
-/// refused with [`VfError::Busy`] instead of piling up behind it.
+/// refused with [`SriovNumvfsError::Busy`] instead of piling up behind it.
 #[derive(Debug, Clone)]
 pub struct SysfsVfControl {
     pub root: HostRoot,
@@ -126,12 +126,12 @@ impl SysfsVfControl {
 }
 
 impl VfControl for SysfsVfControl {
-    fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), VfError> {
+    fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), SriovNumvfsError> {
         {
             let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(w) = in_flight.get(&pf) {
                 if !w.done.load(Ordering::SeqCst) {
-                    return Err(VfError::Busy {
+                    return Err(SriovNumvfsError::Busy {
                         pf,
                         num: w.num,
                         elapsed: w.started.elapsed(),
@@ -160,7 +160,7 @@ impl VfControl for SysfsVfControl {
                     }
                 }
             })
-            .map_err(|source| VfError::Kernel {
+            .map_err(|source| SriovNumvfsError::Kernel {
                 pf,
                 num,
                 hint: "cannot start the writer thread",
@@ -173,7 +173,7 @@ impl VfControl for SysfsVfControl {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(pf, InFlight { num, started, done });
-                Err(VfError::Timeout {
+                Err(SriovNumvfsError::Timeout {
                     pf,
                     num,
                     timeout: self.timeout,
@@ -215,7 +215,7 @@ impl FixtureKernel {
 
 #[cfg(any(test, feature = "testing"))]
 impl VfControl for FixtureKernel {
-    fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), VfError> {
+    fn write_num_vfs(&self, pf: PciAddress, num: u32) -> Result<(), SriovNumvfsError> {
         if let Ok(mut w) = self.writes.lock() {
             w.push((pf, num));
         }
@@ -227,14 +227,14 @@ impl VfControl for FixtureKernel {
         if let Some(errno) = injected
             && num != 0
         {
-            return Err(VfError::Kernel {
+            return Err(SriovNumvfsError::Kernel {
                 pf,
                 num,
                 hint: errno_hint(Some(errno)),
                 source: io::Error::from_raw_os_error(errno),
             });
         }
-        let mut host = self.host.lock().map_err(|_| VfError::Kernel {
+        let mut host = self.host.lock().map_err(|_| SriovNumvfsError::Kernel {
             pf,
             num,
             hint: "fixture lock poisoned",
@@ -251,7 +251,7 @@ impl VfControl for FixtureKernel {
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
         if current != 0 && num != 0 && current != num {
-            return Err(VfError::Kernel {
+            return Err(SriovNumvfsError::Kernel {
                 pf,
                 num,
                 hint: errno_hint(Some(libc::EBUSY)),
@@ -259,7 +259,7 @@ impl VfControl for FixtureKernel {
             });
         }
         host.set_num_vfs(&pf, num)
-            .map_err(|source| VfError::Kernel {
+            .map_err(|source| SriovNumvfsError::Kernel {
                 pf,
                 num,
                 hint: "fixture",
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn errno_hints_and_reasons() {
-        let e = VfError::Kernel {
+        let e = SriovNumvfsError::Kernel {
             pf: PciAddress::new(0, 0x3b, 0, 0),
             num: 64,
             hint: errno_hint(Some(libc::ENOSPC)),
@@ -325,7 +325,7 @@ mod busy_tests {
         nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         let ctl = SysfsVfControl::new(host.root(), Duration::from_millis(100));
         let e = ctl.write_num_vfs(pf, 4).unwrap_err();
-        assert!(matches!(e, VfError::Timeout { .. }), "{e}");
+        assert!(matches!(e, SriovNumvfsError::Timeout { .. }), "{e}");
         // Still blocked: refused at once, no second writer.
         let t = std::time::Instant::now();
         let e = ctl.write_num_vfs(pf, 4).unwrap_err();
@@ -343,11 +343,11 @@ mod busy_tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             match ctl.write_num_vfs(pf, 4) {
-                Err(VfError::Busy { .. }) if std::time::Instant::now() < deadline => {
+                Err(SriovNumvfsError::Busy { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(10))
                 }
                 // Free again: a new write runs (and blocks on the FIFO).
-                Err(VfError::Timeout { .. }) => break,
+                Err(SriovNumvfsError::Timeout { .. }) => break,
                 other => panic!("{other:?}"),
             }
         }

@@ -129,7 +129,7 @@ impl PodJob {
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "network attachment failed; the sandbox fails");
-                    (Reply::error(code::INTERNAL, e), 0)
+                    (Reply::error(code::INTERNAL, e.to_string()), 0)
                 }
             }
         } else {
@@ -590,6 +590,7 @@ fn synchronize(payload: &[u8]) -> api::SynchronizeResponse {
 mod tests {
 
     use super::*;
+    use crate::network::AttachError;
 
     fn handler() -> Handler<BTreeMap<String, Memlock>> {
         let mut requests = BTreeMap::new();
@@ -804,13 +805,19 @@ mod tests {
     }
 
     impl PodNetworkHook for std::sync::Arc<RecordingNetwork> {
-        fn attach(&self, pod: &PodFacts) -> Result<usize, String> {
+        fn attach(&self, pod: &PodFacts) -> Result<usize, AttachError> {
             self.calls
                 .lock()
                 .unwrap()
                 .push(("attach".into(), pod.uid.clone()));
             if self.fail_attach {
-                Err("VF 0000:3b:00.2: boom (rolled back)".into())
+                Err(AttachError::Cni {
+                    pod: pod.uid.clone(),
+                    device: "0000:3b:00.2".into(),
+                    ifname: "net1".into(),
+                    message: "boom".into(),
+                    left: Vec::new(),
+                })
             } else {
                 Ok(1)
             }

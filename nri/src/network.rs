@@ -69,7 +69,7 @@ pub struct Attachment {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+pub enum AttachPlanError {
     #[error("interface name {name:?} is asked for by both {first} and {second}")]
     NameTaken {
         name: String,
@@ -80,7 +80,7 @@ pub enum PlanError {
     BadName {
         claim: String,
         device: String,
-        reason: String,
+        reason: network_attach::AttachIfnameError,
     },
 }
 
@@ -89,7 +89,10 @@ pub enum PlanError {
 /// devices in request order. Names given in a claim's config are kept;
 /// the others get `net1`, `net2`, … skipping names taken, so the same
 /// requests always give the same names.
-pub fn plan_pod(pod_uid: &str, requests: &[AttachRequest]) -> Result<Vec<Attachment>, PlanError> {
+pub fn plan_pod(
+    pod_uid: &str,
+    requests: &[AttachRequest],
+) -> Result<Vec<Attachment>, AttachPlanError> {
     let mut mine: Vec<&AttachRequest> = requests
         .iter()
         .filter(|r| r.pod_uids.iter().any(|p| p == pod_uid))
@@ -111,13 +114,13 @@ pub fn plan_pod(pod_uid: &str, requests: &[AttachRequest]) -> Result<Vec<Attachm
     for r in &mine {
         for d in &r.devices {
             let Some(n) = &d.interface_name else { continue };
-            network_attach::check_ifname(n).map_err(|reason| PlanError::BadName {
+            network_attach::check_ifname(n).map_err(|reason| AttachPlanError::BadName {
                 claim: format!("{}/{}", r.claim_namespace, r.claim_name),
                 device: d.device.clone(),
                 reason,
             })?;
             if let Some(first) = taken.insert(n.clone(), label(r, d)) {
-                return Err(PlanError::NameTaken {
+                return Err(AttachPlanError::NameTaken {
                     name: n.clone(),
                     first,
                     second: label(r, d),
@@ -311,7 +314,7 @@ pub enum AttachError {
     Plan {
         pod: String,
         #[source]
-        source: PlanError,
+        source: AttachPlanError,
     },
     #[error(
         "pod {pod}: sandbox {sandbox} has no network namespace in the runtime's request (host network?): VFs requested for it cannot be attached"
@@ -582,7 +585,7 @@ impl<R: CniRunner> PodNetwork<R> {
 /// What the handler calls at the pod lifecycle events.
 pub trait PodNetworkHook: Send + Sync + std::fmt::Debug {
     /// `Err`: the sandbox must not run (rolled back).
-    fn attach(&self, pod: &PodFacts) -> Result<usize, String>;
+    fn attach(&self, pod: &PodFacts) -> Result<usize, AttachError>;
     /// Errors of what could not be released.
     fn release(&self, pod: &PodFacts) -> Vec<String>;
     /// Undoes an attach the runtime no longer waited for. `held`: the
@@ -595,8 +598,8 @@ pub trait PodNetworkHook: Send + Sync + std::fmt::Debug {
 }
 
 impl<R: CniRunner + Send + Sync + std::fmt::Debug> PodNetworkHook for PodNetwork<R> {
-    fn attach(&self, pod: &PodFacts) -> Result<usize, String> {
-        PodNetwork::attach(self, pod).map_err(|e| e.to_string())
+    fn attach(&self, pod: &PodFacts) -> Result<usize, AttachError> {
+        PodNetwork::attach(self, pod)
     }
 
     fn release(&self, pod: &PodFacts) -> Vec<String> {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kroce_nri::Memlock;
 use kroce_nri::cni_requests::StateDir;
 use kroce_nri::handler::Handler;
-use kroce_nri::network::{PodFacts, PodNetworkHook};
+use kroce_nri::network::{AttachError, PodFacts, PodNetworkHook};
 use kroce_nri::proto::{PLUGIN_SERVICE, api};
 use kroce_nri::session::{self, Backoff, PluginState, SessionOptions};
 use kroce_nri::testing::{FakeRuntime, PluginConn};
@@ -38,7 +38,7 @@ struct Recorder {
 struct SlowHook(Arc<Recorder>);
 
 impl PodNetworkHook for SlowHook {
-    fn attach(&self, pod: &PodFacts) -> Result<usize, String> {
+    fn attach(&self, pod: &PodFacts) -> Result<usize, AttachError> {
         if pod.sandbox_id == "sb-slow" {
             std::thread::sleep(SLOW);
         }

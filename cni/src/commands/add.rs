@@ -165,9 +165,7 @@ fn resolve(
     let link = host_link(&mut *host, node, key, &vf)?;
     let original_vf = pf_side_state(b, conf, &vf)?;
     let rdma_mode = match (vf.rdma(), conf.rdma) {
-        (Some(_), p) if p != crate::config::RdmaPolicy::Never => {
-            Some(b.rdma.netns_mode().map_err(|e| e.to_string()))
-        }
+        (Some(_), p) if p != crate::config::RdmaPolicy::Never => Some(b.rdma.netns_mode()),
         _ => None,
     };
     let (plan, warnings) =

@@ -43,14 +43,14 @@ impl Command {
 pub struct CniArgs(pub Vec<(String, String)>);
 
 impl CniArgs {
-    pub fn parse(s: &str) -> Result<CniArgs, String> {
+    pub fn parse(s: &str) -> Result<CniArgs, CniArgsError> {
         let mut out = Vec::new();
         for pair in s.split(';').filter(|p| !p.is_empty()) {
             let (k, v) = pair
                 .split_once('=')
-                .ok_or_else(|| format!("pair {pair:?} has no '='"))?;
+                .ok_or_else(|| CniArgsError::NoEquals(pair.to_string()))?;
             if k.is_empty() {
-                return Err(format!("pair {pair:?} has an empty key"));
+                return Err(CniArgsError::EmptyKey(pair.to_string()));
             }
             out.push((k.to_string(), v.to_string()));
         }
@@ -73,6 +73,15 @@ impl CniArgs {
     }
 }
 
+/// A `CNI_ARGS` pair that is not `K=V`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CniArgsError {
+    #[error("pair {0:?} has no '='")]
+    NoEquals(String),
+    #[error("pair {0:?} has an empty key")]
+    EmptyKey(String),
+}
+
 /// The runtime's request environment. Which fields are present depends on
 /// the command (the spec's table); [`CniEnv::parse`] enforces it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,45 +100,68 @@ fn env_err(msg: String) -> CniError {
 
 /// Linux interface name rules: 1-15 bytes, not `.`/`..`, no `/`, `:` or
 /// whitespace (the kernel's `dev_valid_name`).
-pub fn validate_ifname(name: &str) -> Result<(), String> {
+pub fn validate_ifname(name: &str) -> Result<(), IfnameError> {
     if name.is_empty() {
-        return Err("is empty".into());
+        return Err(IfnameError::Empty);
     }
     if name.len() > 15 {
-        return Err(format!("is {} bytes, the limit is 15", name.len()));
+        return Err(IfnameError::TooLong(name.len()));
     }
     if name == "." || name == ".." {
-        return Err("cannot be '.' or '..'".into());
+        return Err(IfnameError::Dots);
     }
     if let Some(c) = name
         .chars()
         .find(|c| *c == '/' || *c == ':' || c.is_whitespace() || c.is_control())
     {
-        return Err(format!("contains {c:?}"));
+        return Err(IfnameError::Char(c));
     }
     Ok(())
 }
 
+/// Why a name is not a Linux interface name. The text reads after "it"
+/// (the caller names the variable and the value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IfnameError {
+    #[error("is empty")]
+    Empty,
+    #[error("is {0} bytes, the limit is 15")]
+    TooLong(usize),
+    #[error("cannot be '.' or '..'")]
+    Dots,
+    #[error("contains {0:?}")]
+    Char(char),
+}
+
 /// Container IDs name state files: the spec's alphabet (alphanumerics, `_`,
 /// `.`, `-`, starting alphanumeric).
-pub fn validate_container_id(id: &str) -> Result<(), String> {
+pub fn validate_container_id(id: &str) -> Result<(), ContainerIdError> {
     let mut chars = id.chars();
     match chars.next() {
-        None => return Err("is empty".into()),
-        Some(c) if !c.is_ascii_alphanumeric() => {
-            return Err(format!("must start with a letter or digit, not {c:?}"));
-        }
+        None => return Err(ContainerIdError::Empty),
+        Some(c) if !c.is_ascii_alphanumeric() => return Err(ContainerIdError::First(c)),
         _ => {}
     }
     if id.len() > 200 {
-        return Err(format!("is {} bytes, the limit is 200", id.len()));
+        return Err(ContainerIdError::TooLong(id.len()));
     }
     if let Some(c) = chars.find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))) {
-        return Err(format!(
-            "contains {c:?} (allowed: letters, digits, '_', '.', '-')"
-        ));
+        return Err(ContainerIdError::Char(c));
     }
     Ok(())
+}
+
+/// Why a string is not a container ID (the caller names the value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ContainerIdError {
+    #[error("is empty")]
+    Empty,
+    #[error("must start with a letter or digit, not {0:?}")]
+    First(char),
+    #[error("is {0} bytes, the limit is 200")]
+    TooLong(usize),
+    #[error("contains {0:?} (allowed: letters, digits, '_', '.', '-')")]
+    Char(char),
 }
 
 impl CniEnv {

@@ -56,10 +56,10 @@ impl Dns {
             && self.options.is_empty()
     }
 
-    pub fn parse(v: &Value, field: &str) -> Result<Dns, String> {
+    pub fn parse(v: &Value, field: &str) -> Result<Dns, CniResultError> {
         let obj = v
             .as_object()
-            .ok_or_else(|| format!("{field} must be an object"))?;
+            .ok_or_else(|| CniResultError::NotObject(field.into()))?;
         Ok(Dns {
             nameservers: string_list(obj, "nameservers", field)?,
             domain: opt_string(obj, "domain", field)?,
@@ -86,26 +86,97 @@ impl Dns {
     }
 }
 
-fn opt_string(obj: &Map<String, Value>, key: &str, ctx: &str) -> Result<Option<String>, String> {
+/// What is wrong with a CNI result (an IPAM delegate's or `prevResult`):
+/// the field, and the value when there is one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CniResultError {
+    #[error("result must be a JSON object")]
+    NotJsonObject,
+    #[error("{0} must be an object")]
+    NotObject(String),
+    #[error("{0} must be a list")]
+    NotList(&'static str),
+    #[error("{ctx}.{key} is missing")]
+    Missing { ctx: String, key: &'static str },
+    #[error("{ctx}.{key} must be a string, got {got}")]
+    NotString {
+        ctx: String,
+        key: &'static str,
+        got: Value,
+    },
+    #[error("{ctx}.{key} must be a 32-bit unsigned integer, got {got}")]
+    NotU32 {
+        ctx: String,
+        key: &'static str,
+        got: Value,
+    },
+    #[error("{ctx}.{key} must hold strings, got {got}")]
+    NotStringItem {
+        ctx: String,
+        key: &'static str,
+        got: Value,
+    },
+    #[error("{ctx}.{key} must be a list of strings, got {got}")]
+    NotStringList {
+        ctx: String,
+        key: &'static str,
+        got: Value,
+    },
+    #[error("{ctx}.{key} {value:?} is not an IP address")]
+    NotIp {
+        ctx: String,
+        key: &'static str,
+        value: String,
+    },
+    #[error("{ctx}.{key} {value:?} is not ADDRESS/PREFIX: {reason}")]
+    NotNet {
+        ctx: String,
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("{ctx}.interface must be an index, got {got}")]
+    NotIndex { ctx: String, got: Value },
+    #[error("{ctx}.interface {index} points past the {count} interfaces")]
+    PastInterfaces {
+        ctx: String,
+        index: usize,
+        count: usize,
+    },
+    #[error("{ctx}.scope {scope} is above 255")]
+    Scope { ctx: String, scope: u32 },
+}
+
+type R<T> = Result<T, CniResultError>;
+
+fn opt_string(obj: &Map<String, Value>, key: &'static str, ctx: &str) -> R<Option<String>> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(format!("{ctx}.{key} must be a string, got {other}")),
+        Some(other) => Err(CniResultError::NotString {
+            ctx: ctx.into(),
+            key,
+            got: other.clone(),
+        }),
     }
 }
 
-fn opt_u32(obj: &Map<String, Value>, key: &str, ctx: &str) -> Result<Option<u32>, String> {
+fn opt_u32(obj: &Map<String, Value>, key: &'static str, ctx: &str) -> R<Option<u32>> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .map(Some)
-            .ok_or_else(|| format!("{ctx}.{key} must be a 32-bit unsigned integer, got {v}")),
+            .ok_or_else(|| CniResultError::NotU32 {
+                ctx: ctx.into(),
+                key,
+                got: v.clone(),
+            }),
     }
 }
 
-fn string_list(obj: &Map<String, Value>, key: &str, ctx: &str) -> Result<Vec<String>, String> {
+fn string_list(obj: &Map<String, Value>, key: &'static str, ctx: &str) -> R<Vec<String>> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(a)) => a
@@ -113,48 +184,66 @@ fn string_list(obj: &Map<String, Value>, key: &str, ctx: &str) -> Result<Vec<Str
             .map(|x| {
                 x.as_str()
                     .map(str::to_string)
-                    .ok_or_else(|| format!("{ctx}.{key} must hold strings, got {x}"))
+                    .ok_or_else(|| CniResultError::NotStringItem {
+                        ctx: ctx.into(),
+                        key,
+                        got: x.clone(),
+                    })
             })
             .collect(),
-        Some(other) => Err(format!(
-            "{ctx}.{key} must be a list of strings, got {other}"
-        )),
+        Some(other) => Err(CniResultError::NotStringList {
+            ctx: ctx.into(),
+            key,
+            got: other.clone(),
+        }),
     }
 }
 
-fn opt_ip(obj: &Map<String, Value>, key: &str, ctx: &str) -> Result<Option<IpAddr>, String> {
+fn opt_ip(obj: &Map<String, Value>, key: &'static str, ctx: &str) -> R<Option<IpAddr>> {
     match opt_string(obj, key, ctx)? {
         None => Ok(None),
         Some(s) if s.is_empty() => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| format!("{ctx}.{key} {s:?} is not an IP address")),
+        Some(s) => s.parse().map(Some).map_err(|_| CniResultError::NotIp {
+            ctx: ctx.into(),
+            key,
+            value: s,
+        }),
     }
 }
 
-fn req_net(obj: &Map<String, Value>, key: &str, ctx: &str) -> Result<IpNet, String> {
-    let s = opt_string(obj, key, ctx)?.ok_or_else(|| format!("{ctx}.{key} is missing"))?;
-    s.parse()
-        .map_err(|e| format!("{ctx}.{key} {s:?} is not ADDRESS/PREFIX: {e}"))
+fn req_net(obj: &Map<String, Value>, key: &'static str, ctx: &str) -> R<IpNet> {
+    let s = opt_string(obj, key, ctx)?.ok_or_else(|| CniResultError::Missing {
+        ctx: ctx.into(),
+        key,
+    })?;
+    s.parse().map_err(|reason| CniResultError::NotNet {
+        ctx: ctx.into(),
+        key,
+        value: s,
+        reason,
+    })
 }
 
 impl CniResult {
     /// Parses a result in the 0.3.x/0.4.0/1.x layouts (`ips[].version` of
     /// 0.x is accepted and ignored; the address says the family).
-    pub fn parse(v: &Value) -> Result<CniResult, String> {
-        let obj = v.as_object().ok_or("result must be a JSON object")?;
+    pub fn parse(v: &Value) -> Result<CniResult, CniResultError> {
+        let obj = v.as_object().ok_or(CniResultError::NotJsonObject)?;
         let mut out = CniResult::default();
         if let Some(ifs) = obj.get("interfaces").filter(|x| !x.is_null()) {
-            let ifs = ifs.as_array().ok_or("interfaces must be a list")?;
+            let ifs = ifs
+                .as_array()
+                .ok_or(CniResultError::NotList("interfaces"))?;
             for (i, item) in ifs.iter().enumerate() {
                 let ctx = format!("interfaces[{i}]");
                 let o = item
                     .as_object()
-                    .ok_or_else(|| format!("{ctx} must be an object"))?;
+                    .ok_or_else(|| CniResultError::NotObject(ctx.clone()))?;
                 out.interfaces.push(Interface {
-                    name: opt_string(o, "name", &ctx)?
-                        .ok_or_else(|| format!("{ctx}.name is missing"))?,
+                    name: opt_string(o, "name", &ctx)?.ok_or_else(|| CniResultError::Missing {
+                        ctx: ctx.clone(),
+                        key: "name",
+                    })?,
                     mac: opt_string(o, "mac", &ctx)?,
                     mtu: opt_u32(o, "mtu", &ctx)?,
                     sandbox: opt_string(o, "sandbox", &ctx)?,
@@ -164,27 +253,31 @@ impl CniResult {
             }
         }
         if let Some(ips) = obj.get("ips").filter(|x| !x.is_null()) {
-            let ips = ips.as_array().ok_or("ips must be a list")?;
+            let ips = ips.as_array().ok_or(CniResultError::NotList("ips"))?;
             for (i, item) in ips.iter().enumerate() {
                 let ctx = format!("ips[{i}]");
                 let o = item
                     .as_object()
-                    .ok_or_else(|| format!("{ctx} must be an object"))?;
+                    .ok_or_else(|| CniResultError::NotObject(ctx.clone()))?;
                 let interface = match o.get("interface") {
                     None | Some(Value::Null) => None,
                     Some(x) => Some(
                         x.as_u64()
                             .and_then(|n| usize::try_from(n).ok())
-                            .ok_or_else(|| format!("{ctx}.interface must be an index, got {x}"))?,
+                            .ok_or_else(|| CniResultError::NotIndex {
+                                ctx: ctx.clone(),
+                                got: x.clone(),
+                            })?,
                     ),
                 };
                 if let Some(idx) = interface
                     && idx >= out.interfaces.len()
                 {
-                    return Err(format!(
-                        "{ctx}.interface {idx} points past the {} interfaces",
-                        out.interfaces.len()
-                    ));
+                    return Err(CniResultError::PastInterfaces {
+                        ctx,
+                        index: idx,
+                        count: out.interfaces.len(),
+                    });
                 }
                 out.ips.push(IpConfig {
                     address: req_net(o, "address", &ctx)?,
@@ -194,17 +287,18 @@ impl CniResult {
             }
         }
         if let Some(routes) = obj.get("routes").filter(|x| !x.is_null()) {
-            let routes = routes.as_array().ok_or("routes must be a list")?;
+            let routes = routes.as_array().ok_or(CniResultError::NotList("routes"))?;
             for (i, item) in routes.iter().enumerate() {
                 let ctx = format!("routes[{i}]");
                 let o = item
                     .as_object()
-                    .ok_or_else(|| format!("{ctx} must be an object"))?;
+                    .ok_or_else(|| CniResultError::NotObject(ctx.clone()))?;
                 let scope = match opt_u32(o, "scope", &ctx)? {
                     None => None,
-                    Some(s) => {
-                        Some(u8::try_from(s).map_err(|_| format!("{ctx}.scope {s} is above 255"))?)
-                    }
+                    Some(s) => Some(u8::try_from(s).map_err(|_| CniResultError::Scope {
+                        ctx: ctx.clone(),
+                        scope: s,
+                    })?),
                 };
                 out.routes.push(Route {
                     dst: req_net(o, "dst", &ctx)?,
@@ -393,12 +487,17 @@ mod tests {
 
     #[test]
     fn parse_errors_name_the_field() {
-        let e = CniResult::parse(&json!({"ips":[{"address":"10.0.0.1"}]})).unwrap_err();
+        let e = CniResult::parse(&json!({"ips":[{"address":"10.0.0.1"}]}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ips[0].address"), "{e}");
         let e = CniResult::parse(&json!({"ips":[{"address":"10.0.0.1/24","interface":3}]}))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("interface 3"), "{e}");
-        let e = CniResult::parse(&json!({"routes":[{"dst":"0.0.0.0/0","gw":"nope"}]})).unwrap_err();
+        let e = CniResult::parse(&json!({"routes":[{"dst":"0.0.0.0/0","gw":"nope"}]}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("routes[0].gw"), "{e}");
     }
 

@@ -83,7 +83,7 @@ pub struct AdmissionArgs {
 
 /// A whole memory quantity (`512Mi`, `1Gi`, `1000000000`): refused at
 /// start, not by the API server at every test pod.
-pub fn memory_quantity(s: &str) -> Result<String, String> {
+pub fn memory_quantity(s: &str) -> Result<String, MemoryQuantityError> {
     let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &s[digits.len()..];
     let ok = !digits.is_empty()
@@ -93,11 +93,16 @@ pub fn memory_quantity(s: &str) -> Result<String, String> {
     if ok {
         Ok(s.to_string())
     } else {
-        Err(format!(
-            "{s:?} is not a memory quantity: a whole number with an optional Ki, Mi, Gi, Ti, k, M, G or T (e.g. 1Gi, 512Mi)"
-        ))
+        Err(MemoryQuantityError(s.to_string()))
     }
 }
+
+/// A `--perftest-memory` value that is not a whole memory quantity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a memory quantity: a whole number with an optional Ki, Mi, Gi, Ti, k, M, G or T (e.g. 1Gi, 512Mi)"
+)]
+pub struct MemoryQuantityError(pub String);
 
 #[cfg(test)]
 #[test]
@@ -106,7 +111,7 @@ fn perftest_memory_must_be_a_quantity() {
         assert_eq!(memory_quantity(ok), Ok(ok.to_string()));
     }
     for bad in ["lots", "1gi", "", "0", "1.5Gi", "Gi", "-1Gi"] {
-        let e = memory_quantity(bad).unwrap_err();
+        let e = memory_quantity(bad).unwrap_err().to_string();
         assert!(e.contains("not a memory quantity"), "{bad}: {e}");
     }
 }
