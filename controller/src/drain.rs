@@ -967,8 +967,9 @@ pub async fn step(ctx: &Context, settings: &DrainSettings) -> Result<DrainPlan, 
 }
 
 /// Repeats [`step`] every [`DRAIN_INTERVAL`]. Off, it runs once (releasing
-/// any node an earlier run left marked) and then idles.
-pub async fn run(ctx: Context, settings: DrainSettings) -> anyhow::Result<()> {
+/// any node an earlier run left marked) and then idles. It never returns: a
+/// failed round is logged and counted, and the next one tries again.
+pub async fn run(ctx: Context, settings: DrainSettings) -> std::convert::Infallible {
     loop {
         match step(&ctx, &settings).await {
             Ok(plan) => {

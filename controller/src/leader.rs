@@ -378,15 +378,17 @@ async fn keep_renewing(elector: &mut LeaderElector) -> LeadershipLost {
 
 /// Waits to lead (returns `Ok(None)` when `stop` fires first), then runs
 /// `work` while leading. Losing the lease drops `work` (reconciling stops)
-/// and returns the error; `work` ending (SIGTERM) hands the lease back.
-pub async fn lead<W, S>(
+/// and returns the error ([`LeadershipLost`], naming the lease, in `work`'s
+/// error type); `work` ending (SIGTERM) hands the lease back.
+pub async fn lead<W, S, E>(
     elector: &mut LeaderElector,
     work: impl FnOnce() -> W,
     stop: S,
-) -> anyhow::Result<Option<()>>
+) -> Result<Option<()>, E>
 where
-    W: Future<Output = anyhow::Result<()>>,
+    W: Future<Output = Result<(), E>>,
     S: Future<Output = ()>,
+    E: From<LeadershipLost>,
 {
     tokio::pin!(stop);
     let mut last_holder: Option<String> = None;
@@ -621,9 +623,13 @@ mod tests {
     async fn lead_runs_the_work_and_releases_and_stops_waiting_on_signal() {
         let (client, server) = ApiServer::start();
         let mut a = elector(&client, "pod-a");
-        let ran = lead(&mut a, || async { Ok(()) }, std::future::pending())
-            .await
-            .unwrap();
+        let ran = lead(
+            &mut a,
+            || async { Ok::<(), LeadershipLost>(()) },
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
         assert_eq!(ran, Some(()));
         assert_eq!(holder(&server), None, "released after the work ended");
         // b holds it now; a waits until told to stop, never running the work.
@@ -669,7 +675,7 @@ mod tests {
                 },
             );
             std::future::pending::<()>().await;
-            Ok(())
+            Ok::<(), LeadershipLost>(())
         };
         let err = lead(&mut a, work, std::future::pending())
             .await

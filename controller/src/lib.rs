@@ -310,18 +310,27 @@ const NETWORK_CONCURRENCY: u16 = 2;
 /// Node reconciles at once: each is one node's plan and at most two writes.
 const NODE_CONCURRENCY: u16 = 16;
 
+/// Why [`run`] stopped before SIGTERM.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopsError {
+    #[error(
+        "cannot list rdmanetworks.kroce.io ({}); are the CRDs installed (kroce-controller crd | kubectl apply -f -)?",
+        api_error_text(.0)
+    )]
+    NoNetworkApi(#[source] kube::Error),
+    #[error("the shared watches ended")]
+    WatchesEnded,
+}
+
 /// Runs both loops until SIGTERM, over one watch per kind.
-pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
+pub async fn run(ctx: Context, shared: stores::Shared) -> Result<(), LoopsError> {
     let client = ctx.client.clone();
     let networks: Api<RdmaNetwork> = Api::all(client.clone());
     if let Err(e) = networks
         .list(&kube::api::ListParams::default().limit(1))
         .await
     {
-        anyhow::bail!(
-            "cannot list rdmanetworks.kroce.io ({}); are the CRDs installed (kroce-controller crd | kubectl apply -f -)?",
-            api_error_text(&e)
-        );
+        return Err(LoopsError::NoNetworkApi(e));
     }
     let stores::Shared {
         stores,
@@ -395,7 +404,7 @@ pub async fn run(ctx: Context, shared: stores::Shared) -> anyhow::Result<()> {
         }
     });
     tokio::select! {
-        _ = driver => anyhow::bail!("the shared watches ended"),
+        _ = driver => Err(LoopsError::WatchesEnded),
         _ = futures::future::join(network_loop, node_loop) => Ok(()),
         // The loops' graceful shutdown would also wait out every requeue
         // still scheduled (up to 300 s): in-flight reconciles get this long.

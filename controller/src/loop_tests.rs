@@ -173,7 +173,7 @@ fn running(
 ) -> (
     ApiServer,
     Arc<Metrics>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
+    tokio::task::JoinHandle<Result<(), crate::LoopsError>>,
 ) {
     let (client, server) = ApiServer::start();
     cluster(&server, nodes, networks);

@@ -192,8 +192,8 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                     .with_admission(settings);
                     let drain = kroce_controller::drain::run(ctx.clone(), drain_settings);
                     tokio::select! {
-                        r = kroce_controller::run(ctx, shared) => r,
-                        r = drain => r,
+                        r = kroce_controller::run(ctx, shared) => Ok::<(), anyhow::Error>(r?),
+                        never = drain => match never {},
                     }
                 }
             };

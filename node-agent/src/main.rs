@@ -484,7 +484,7 @@ async fn serve_cluster(cmd: Cmd) -> anyhow::Result<()> {
                 .failed
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             server.abort();
-            r
+            Ok(r?)
         }
         Cmd::Apply { .. } | Cmd::Doctor { .. } => Ok(()),
     }

@@ -3,7 +3,7 @@
 //! socket dialer): which device IDs the kubelet assigned to which running
 //! pod. A deleted pod leaves the list.
 
-use crate::run::{PodDevices, PodResourcesSource};
+use crate::run::{PodDevices, PodResourcesListError, PodResourcesSource};
 use futures::future::BoxFuture;
 use kroce_device_plugin::pod_resources::api;
 use kroce_device_plugin::pod_resources::api::pod_resources_lister_client::PodResourcesListerClient;
@@ -26,26 +26,19 @@ impl KubeletPodResources {
         }
     }
 
-    async fn list_once(&self) -> Result<Vec<PodDevices>, String> {
-        let channel = kroce_device_plugin::uds::connect(&self.path)
-            .await
-            .map_err(|e| e.to_string())?;
+    async fn list_once(&self) -> Result<Vec<PodDevices>, PodResourcesListError> {
+        let channel = kroce_device_plugin::uds::connect(&self.path).await?;
         let mut client = PodResourcesListerClient::new(channel);
         let resp = tokio::time::timeout(LIST_TIMEOUT, client.list(api::ListPodResourcesRequest {}))
             .await
-            .map_err(|_| {
-                format!(
-                    "PodResources List on {} timed out after {LIST_TIMEOUT:?}",
-                    self.path.display()
-                )
+            .map_err(|_| PodResourcesListError::Timeout {
+                path: self.path.clone(),
+                timeout: LIST_TIMEOUT,
             })?
-            .map_err(|s| {
-                format!(
-                    "PodResources List on {}: {:?}: {}",
-                    self.path.display(),
-                    s.code(),
-                    s.message()
-                )
+            .map_err(|s| PodResourcesListError::Status {
+                path: self.path.clone(),
+                code: format!("{:?}", s.code()),
+                message: s.message().to_string(),
             })?;
         Ok(devices(&resp.into_inner()))
     }
@@ -69,7 +62,7 @@ pub fn devices(resp: &api::ListPodResourcesResponse) -> Vec<PodDevices> {
 }
 
 impl PodResourcesSource for KubeletPodResources {
-    fn list(&self) -> BoxFuture<'_, Result<Vec<PodDevices>, String>> {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<PodDevices>, PodResourcesListError>> {
         Box::pin(self.list_once())
     }
 }
@@ -112,7 +105,7 @@ mod tests {
     async fn a_missing_socket_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let p = KubeletPodResources::new(&dir.path().join("kubelet.sock"));
-        let e = p.list().await.unwrap_err();
+        let e = p.list().await.unwrap_err().to_string();
         assert!(e.contains("kubelet.sock"), "{e}");
     }
 }

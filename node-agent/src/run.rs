@@ -6,7 +6,7 @@
 //! loop over given host edges and a shutdown future (tests drive it on
 //! fixture hosts).
 
-use super::apply::{Agent, AgentConfig};
+use super::apply::{Agent, AgentConfig, ApplyOutcome};
 use super::dcb::{Dcb, NetlinkDcb, route_socket};
 use super::holders::{Holder, HolderSources, NodeHolders};
 use super::links::{LinkControl, NetlinkLinks};
@@ -100,7 +100,26 @@ pub struct PodDevices {
 /// The kubelet's PodResources `List`, behind a trait (tests answer from
 /// memory).
 pub trait PodResourcesSource: Send + Sync {
-    fn list(&self) -> BoxFuture<'_, Result<Vec<PodDevices>, String>>;
+    fn list(&self) -> BoxFuture<'_, Result<Vec<PodDevices>, PodResourcesListError>>;
+}
+
+/// A PodResources `List` that got no answer: the socket it went to.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesListError {
+    #[error(transparent)]
+    Connect(#[from] kroce_device_plugin::uds::UdsError),
+    #[error("PodResources List on {} timed out after {timeout:?}", path.display())]
+    Timeout {
+        path: std::path::PathBuf,
+        timeout: Duration,
+    },
+    /// The kubelet's gRPC status: its code's name and message.
+    #[error("PodResources List on {}: {code}: {message}", path.display())]
+    Status {
+        path: std::path::PathBuf,
+        code: String,
+        message: String,
+    },
 }
 
 /// Who holds which VF this pass: the node's records (CNI claims, DRA
@@ -191,20 +210,23 @@ pub async fn run(
     reboot: Option<Arc<dyn crate::reboot::HostReboot>>,
     pod_resources: Option<Arc<dyn PodResourcesSource>>,
     metrics: AgentMetrics,
-) -> anyhow::Result<()> {
+) -> Result<(), AgentRunError> {
     let edges = HostEdges {
         vfs: Arc::new(SysfsVfControl::new(
             cfg.agent.root.clone(),
             cfg.vf_write_timeout,
         )),
         links: Arc::new(NetlinkLinks::new()),
-        dcb: Arc::new(NetlinkDcb::new(route_socket()?)),
+        dcb: Arc::new(NetlinkDcb::new(
+            route_socket().map_err(AgentRunError::DcbSocket)?,
+        )),
         record,
         netns_mode,
         reboot,
         pod_resources,
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(AgentRunError::Signal)?;
     let terminated = async move {
         term.recv().await;
     };
@@ -386,6 +408,25 @@ async fn report(api: &Api<RdmaNodeState>, node: &str, status: &RdmaNodeStateStat
     }
 }
 
+/// Why the agent loop stopped before its shutdown. API errors never stop
+/// it: they are logged and retried at the next change or resync.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentRunError {
+    #[error("cannot open the rtnetlink socket for DCB: {0}")]
+    DcbSocket(#[source] std::io::Error),
+    #[error("cannot wait for SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("node {node}: the apply pass ended abnormally: {source}")]
+    Pass {
+        node: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// The other blocking task of a pass (the reboot request).
+    #[error("a blocking task of the agent loop ended abnormally: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// The loop itself, over the given edges, until `shutdown` completes.
 pub async fn run_with(
     client: Client,
@@ -393,168 +434,144 @@ pub async fn run_with(
     edges: HostEdges,
     metrics: AgentMetrics,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), AgentRunError> {
     let api: Api<RdmaNodeState> = Api::all(client.clone());
-    let HostEdges {
-        vfs,
-        links,
-        dcb,
-        record,
-        netns_mode,
-        reboot,
-        pod_resources,
-    } = edges;
-    let agent_cfg = Arc::new(cfg.agent.clone());
     let wake = Arc::new(tokio::sync::Notify::new());
-    let w = wake.clone();
-    let wc = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
-    let watch_api = api.clone();
     let spec_watch = SpecWatch::default();
-    let sw = spec_watch.clone();
-    let _watch = AbortOnDrop(tokio::spawn(async move {
+    let _watch = watch_spec(
+        api.clone(),
+        &cfg.node_name,
+        spec_watch.clone(),
+        wake.clone(),
+    );
+    tokio::pin!(shutdown);
+    let mut agent = AgentLoop::new(api, cfg, edges, metrics);
+    loop {
+        let state = read_state(&agent.api, &agent.cfg.node_name).await;
+        spec_watch.read(state.as_ref());
+        let next = match state {
+            Some(state) => agent.pass(state).await?,
+            None => agent.cfg.resync,
+        };
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(next) => {}
+            _ = &mut shutdown => return Ok(()),
+        }
+    }
+}
+
+/// Watches this node's `RdmaNodeState` and wakes the loop for what
+/// `spec_watch` says is new; stops when the guard is dropped.
+fn watch_spec(
+    api: Api<RdmaNodeState>,
+    node: &str,
+    spec_watch: SpecWatch,
+    wake: Arc<tokio::sync::Notify>,
+) -> AbortOnDrop {
+    let wc = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    AbortOnDrop(tokio::spawn(async move {
         // Backoff: a failing watch is retried in moments, not in a tight loop.
-        let mut stream = watcher(watch_api, wc).default_backoff().boxed();
+        let mut stream = watcher(api, wc).default_backoff().boxed();
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(ev) => {
-                    if sw.wakes(&ev) {
-                        w.notify_one();
+                    if spec_watch.wakes(&ev) {
+                        wake.notify_one();
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "watch of RdmaNodeState"),
             }
         }
-    }));
-    tokio::pin!(shutdown);
-    let clock = Clock::start();
-    let mut checks = match cfg.checks.clone() {
-        Some(c) => ChecksSlot::Idle(Box::new(c)),
-        None => ChecksSlot::None,
-    };
-    let mut written: Option<Written> = None;
-    // (IRQs pending at the last pass, the wait before the next).
-    let mut irq_wait: Option<(usize, Duration)> = None;
-    loop {
-        let state = match api.get_opt(&cfg.node_name).await {
-            Ok(Some(state)) => Some(state),
-            Ok(None) => {
-                tracing::info!(node = %cfg.node_name, "no RdmaNodeState yet (no RdmaNetwork selects this node)");
-                None
-            }
-            // An API server restart must not restart every agent: try again
-            // at the next change or resync.
-            Err(e) => {
-                tracing::warn!(node = %cfg.node_name, error = %e, "cannot read RdmaNodeState");
-                None
-            }
+    }))
+}
+
+/// This node's `RdmaNodeState`; `None` when there is none or it cannot be
+/// read.
+async fn read_state(api: &Api<RdmaNodeState>, node: &str) -> Option<RdmaNodeState> {
+    match api.get_opt(node).await {
+        Ok(Some(state)) => Some(state),
+        Ok(None) => {
+            tracing::info!(node = %node, "no RdmaNodeState yet (no RdmaNetwork selects this node)");
+            None
+        }
+        // An API server restart must not restart every agent: try again
+        // at the next change or resync.
+        Err(e) => {
+            tracing::warn!(node = %node, error = %e, "cannot read RdmaNodeState");
+            None
+        }
+    }
+}
+
+/// What the loop keeps from one pass to the next.
+struct AgentLoop {
+    api: Api<RdmaNodeState>,
+    cfg: Arc<RunConfig>,
+    agent_cfg: Arc<AgentConfig>,
+    edges: HostEdges,
+    metrics: AgentMetrics,
+    clock: Clock,
+    checks: ChecksSlot,
+    written: Option<Written>,
+    /// (IRQs pending at the last pass, the wait before the next).
+    irq_wait: Option<(usize, Duration)>,
+}
+
+impl AgentLoop {
+    fn new(
+        api: Api<RdmaNodeState>,
+        cfg: RunConfig,
+        edges: HostEdges,
+        metrics: AgentMetrics,
+    ) -> Self {
+        let checks = match cfg.checks.clone() {
+            Some(c) => ChecksSlot::Idle(Box::new(c)),
+            None => ChecksSlot::None,
         };
-        spec_watch.read(state.as_ref());
-        let Some(state) = state else {
-            tokio::select! {
-                _ = wake.notified() => continue,
-                _ = tokio::time::sleep(cfg.resync) => continue,
-                _ = &mut shutdown => return Ok(()),
-            }
-        };
+        AgentLoop {
+            api,
+            agent_cfg: Arc::new(cfg.agent.clone()),
+            cfg: Arc::new(cfg),
+            edges,
+            metrics,
+            clock: Clock::start(),
+            checks,
+            written: None,
+            irq_wait: None,
+        }
+    }
+
+    /// The last report written to the object `uid`.
+    fn last_written(&self, uid: &Option<String>) -> Option<&Written> {
+        self.written.as_ref().filter(|w| w.uid == *uid)
+    }
+
+    /// What this report is compared with: the last one written to this
+    /// object, else (first pass, or a new object) what it holds.
+    fn previous(&self, uid: &Option<String>, stored: &RdmaNodeStateStatus) -> RdmaNodeStateStatus {
+        self.last_written(uid).map_or(stored, |w| &w.status).clone()
+    }
+
+    /// One pass over `state`: apply, add the node checks and the reboot
+    /// request, report. Returns how long to wait before the next pass.
+    async fn pass(&mut self, state: RdmaNodeState) -> Result<Duration, AgentRunError> {
+        let (cfg, metrics) = (self.cfg.clone(), self.metrics.clone());
+        let reboot = self.edges.reboot.clone();
         let stored = state.status.clone().unwrap_or_default();
-        // What this report is compared with: the last one written to this
-        // object, else (first pass, or a new object) what it holds.
         let uid = state.metadata.uid.clone();
-        let last = match &written {
-            Some(w) if w.uid == uid => Some(w),
-            _ => None,
-        };
-        let prev = last.map_or(&stored, |w| &w.status).clone();
-        let holders = holders(&cfg.holders, pod_resources.as_deref()).await;
+        let holders = holders(&cfg.holders, self.edges.pod_resources.as_deref()).await;
         let held = holders.clone();
-        let spec = state.spec.clone();
-        let (a, v, l, d, r, nm) = (
-            agent_cfg.clone(),
-            vfs.clone(),
-            links.clone(),
-            dcb.clone(),
-            record.clone(),
-            netns_mode.clone(),
-        );
-        let mut pass = tokio::task::spawn_blocking(move || {
-            let agent = Agent {
-                config: &a,
-                vfs: &*v,
-                links: &*l,
-                dcb: &*d,
-                record: &*r,
-                netns_mode: &*nm,
-            };
-            agent.apply(&spec, &holders)
-        });
-        // A new spec whose pass takes a while (VFs appear within minutes)
-        // is reported InProgress for its generation first, not left under
-        // the last generation's Succeeded.
-        let new_generation = prev.observed_generation != state.metadata.generation;
-        let outcome = tokio::select! {
-            r = &mut pass => r?,
-            _ = tokio::time::sleep(cfg.progress_after), if new_generation => {
-                let mut st = prev.clone();
-                st.sync_state = SyncState::InProgress;
-                st.observed_generation = state.metadata.generation;
-                st.last_error = None;
-                st.last_sync_time = Some(k8s_openapi::jiff::Timestamp::now().to_string());
-                tracing::info!(generation = ?state.metadata.generation, "applying a new spec");
-                if report(&api, &cfg.node_name, &st).await {
-                    written = Some(Written {
-                        uid: uid.clone(),
-                        status: st,
-                        at: tokio::time::Instant::now(),
-                    });
-                }
-                pass.await?
-            }
-        };
-        let last = match &written {
-            Some(w) if w.uid == uid => Some(w),
-            _ => None,
-        };
-        let prev = last.map_or(&stored, |w| &w.status).clone();
-        metrics.passes.inc();
-        metrics.changes.inc_by(outcome.changes.len() as u64);
-        for c in &outcome.changes {
-            tracing::info!(change = %c, "applied");
-        }
-        for (reason, message) in &outcome.problems {
-            tracing::warn!(node = %cfg.node_name, %reason, "{message}");
-        }
+        let outcome = self.apply(&state, &stored, holders).await?;
+        let prev = self.previous(&uid, &stored);
+        log_outcome(&cfg.node_name, &metrics, &outcome);
         let mut status = outcome.status;
         if status.sync_state == SyncState::Failed {
             metrics.failed.inc();
         }
         status.observed_generation = state.metadata.generation;
-        let extra = checks
-            .run(&state.spec, &status, clock.now_ms(), cfg.checks_timeout)
+        self.add_node_checks(&state, &stored, &prev, &held, &mut status)
             .await;
-        let kept: Vec<Condition> = prev
-            .conditions
-            .iter()
-            .filter(|c| super::node_checks::is_check_condition(&c.type_))
-            .filter(|c| match &extra {
-                // The checks did not finish: all they said last time.
-                None => true,
-                // Congestion needs two snapshots: until then, the last word.
-                Some(e) => {
-                    c.type_ == kroce_admission::counters::CONDITION_TYPE
-                        && !e.iter().any(|n| n.type_ == c.type_)
-                }
-            })
-            .cloned()
-            .collect();
-        metrics.state.set(super::state_metrics::render(
-            &cfg.node_name,
-            &state.spec,
-            &status,
-            &held,
-            &stored.admission,
-        ));
-        status.conditions.extend(extra.unwrap_or_default());
-        status.conditions.extend(kept);
         // The controller's reboot request (--reboot-for-rdma-mode), on what
         // this pass found: asked at most once per boot.
         let requested = crate::reboot::requested(&state).map(str::to_string);
@@ -575,31 +592,181 @@ pub async fn run_with(
             }
             crate::reboot::note_on(&mut status.conditions, &asked);
         }
+        self.report_if_changed(uid, &prev, status).await;
+        self.irq_wait = next_irq_wait(outcome.irqs_pending, self.irq_wait, &cfg);
+        Ok(self.irq_wait.map_or(cfg.resync, |(_, w)| w))
+    }
+
+    /// Runs the apply pass on the blocking pool. A new spec whose pass
+    /// takes a while (VFs appear within minutes) is reported InProgress for
+    /// its generation first, not left under the last generation's
+    /// Succeeded.
+    async fn apply(
+        &mut self,
+        state: &RdmaNodeState,
+        stored: &RdmaNodeStateStatus,
+        holders: NodeHolders,
+    ) -> Result<ApplyOutcome, AgentRunError> {
+        let uid = state.metadata.uid.clone();
+        let prev = self.previous(&uid, stored);
+        let mut pass = self.spawn_pass(state.spec.clone(), holders);
+        let new_generation = prev.observed_generation != state.metadata.generation;
+        let finished = tokio::select! {
+            r = &mut pass => r,
+            _ = tokio::time::sleep(self.cfg.progress_after), if new_generation => {
+                tracing::info!(generation = ?state.metadata.generation, "applying a new spec");
+                self.write(uid, in_progress(&prev, state.metadata.generation)).await;
+                pass.await
+            }
+        };
+        finished.map_err(|source| AgentRunError::Pass {
+            node: self.cfg.node_name.clone(),
+            source,
+        })
+    }
+
+    fn spawn_pass(
+        &self,
+        spec: RdmaNodeStateSpec,
+        holders: NodeHolders,
+    ) -> tokio::task::JoinHandle<ApplyOutcome> {
+        let e = &self.edges;
+        let (a, v, l, d, r, nm) = (
+            self.agent_cfg.clone(),
+            e.vfs.clone(),
+            e.links.clone(),
+            e.dcb.clone(),
+            e.record.clone(),
+            e.netns_mode.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let agent = Agent {
+                config: &a,
+                vfs: &*v,
+                links: &*l,
+                dcb: &*d,
+                record: &*r,
+                netns_mode: &*nm,
+            };
+            agent.apply(&spec, &holders)
+        })
+    }
+
+    /// The node checks' conditions, and those of the last report they did
+    /// not replace; the pool and admission gauges of this pass.
+    async fn add_node_checks(
+        &mut self,
+        state: &RdmaNodeState,
+        stored: &RdmaNodeStateStatus,
+        prev: &RdmaNodeStateStatus,
+        held: &NodeHolders,
+        status: &mut RdmaNodeStateStatus,
+    ) {
+        let extra = self
+            .checks
+            .run(
+                &state.spec,
+                status,
+                self.clock.now_ms(),
+                self.cfg.checks_timeout,
+            )
+            .await;
+        let kept = kept_check_conditions(&prev.conditions, extra.as_deref());
+        self.metrics.state.set(super::state_metrics::render(
+            &self.cfg.node_name,
+            &state.spec,
+            status,
+            held,
+            &stored.admission,
+        ));
+        status.conditions.extend(extra.unwrap_or_default());
+        status.conditions.extend(kept);
+    }
+
+    /// Stamps the condition transitions and writes `status` when it differs
+    /// from `prev` or the heartbeat is due.
+    async fn report_if_changed(
+        &mut self,
+        uid: Option<String>,
+        prev: &RdmaNodeStateStatus,
+        mut status: RdmaNodeStateStatus,
+    ) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         stamp_transitions(&prev.conditions, &mut status.conditions, &now);
-        let heartbeat_due = last.is_none_or(|w| w.at.elapsed() >= cfg.heartbeat);
-        if !same_report(&prev, &status) || heartbeat_due {
+        let heartbeat_due = self
+            .last_written(&uid)
+            .is_none_or(|w| w.at.elapsed() >= self.cfg.heartbeat);
+        if !same_report(prev, &status) || heartbeat_due {
             status.last_sync_time = Some(now);
-            // Not recorded as written on failure: the next pass sends it again.
-            if report(&api, &cfg.node_name, &status).await {
-                written = Some(Written {
-                    uid,
-                    status,
-                    at: tokio::time::Instant::now(),
-                });
+            self.write(uid, status).await;
+        }
+    }
+
+    /// Writes `status`, remembered as written only when it was: the next
+    /// pass sends it again on failure.
+    async fn write(&mut self, uid: Option<String>, status: RdmaNodeStateStatus) {
+        if report(&self.api, &self.cfg.node_name, &status).await {
+            self.written = Some(Written {
+                uid,
+                status,
+                at: tokio::time::Instant::now(),
+            });
+        }
+    }
+}
+
+/// Counts the pass and logs what it changed and what went wrong.
+fn log_outcome(node: &str, metrics: &AgentMetrics, outcome: &ApplyOutcome) {
+    metrics.passes.inc();
+    metrics.changes.inc_by(outcome.changes.len() as u64);
+    for c in &outcome.changes {
+        tracing::info!(change = %c, "applied");
+    }
+    for (reason, message) in &outcome.problems {
+        tracing::warn!(node = %node, %reason, "{message}");
+    }
+}
+
+/// The report written while a new generation's pass still runs: the last
+/// one, InProgress for that generation.
+fn in_progress(prev: &RdmaNodeStateStatus, generation: Option<i64>) -> RdmaNodeStateStatus {
+    let mut st = prev.clone();
+    st.sync_state = SyncState::InProgress;
+    st.observed_generation = generation;
+    st.last_error = None;
+    st.last_sync_time = Some(k8s_openapi::jiff::Timestamp::now().to_string());
+    st
+}
+
+/// The node-check conditions of the last report kept in this one: all of
+/// them when the checks did not finish (`extra` is `None`), else only a
+/// congestion condition the checks did not give yet (it needs two
+/// snapshots: until then, the last word).
+fn kept_check_conditions(prev: &[Condition], extra: Option<&[Condition]>) -> Vec<Condition> {
+    prev.iter()
+        .filter(|c| super::node_checks::is_check_condition(&c.type_))
+        .filter(|c| match extra {
+            None => true,
+            Some(e) => {
+                c.type_ == kroce_admission::counters::CONDITION_TYPE
+                    && !e.iter().any(|n| n.type_ == c.type_)
             }
-        }
-        irq_wait = match (outcome.irqs_pending, irq_wait) {
-            (0, _) => None,
-            (n, Some((m, w))) if n == m => Some((n, (w * 2).min(cfg.resync))),
-            (n, _) => Some((n, cfg.irq_recheck.min(cfg.resync))),
-        };
-        let next = irq_wait.map_or(cfg.resync, |(_, w)| w);
-        tokio::select! {
-            _ = wake.notified() => {}
-            _ = tokio::time::sleep(next) => {}
-            _ = &mut shutdown => return Ok(()),
-        }
+        })
+        .cloned()
+        .collect()
+}
+
+/// The wait before the next pass while IRQs are pending: `irq_recheck`,
+/// doubled (up to `resync`) while the same number stays pending.
+fn next_irq_wait(
+    pending: usize,
+    last: Option<(usize, Duration)>,
+    cfg: &RunConfig,
+) -> Option<(usize, Duration)> {
+    match (pending, last) {
+        (0, _) => None,
+        (n, Some((m, w))) if n == m => Some((n, (w * 2).min(cfg.resync))),
+        (n, _) => Some((n, cfg.irq_recheck.min(cfg.resync))),
     }
 }
 

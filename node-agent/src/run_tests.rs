@@ -12,8 +12,8 @@
 use super::counters::{CounterScope, Counters, EthtoolError, EthtoolSource};
 use super::holders::HolderSources;
 use super::node_checks::{NodeChecks, NodeChecksConfig};
-use super::run::{AGENT_MANAGER, AgentMetrics, HostEdges, RunConfig, run_with};
-use super::run::{PodDevices, PodResourcesSource};
+use super::run::{AGENT_MANAGER, AgentMetrics, AgentRunError, HostEdges, RunConfig, run_with};
+use super::run::{PodDevices, PodResourcesListError, PodResourcesSource};
 use super::tests::{PF0, PF1, Rig, irq_affinities, pci, pf_config, spec};
 use futures::FutureExt;
 use kroce_admission::counters::CongestionLimits;
@@ -89,7 +89,9 @@ struct FakePodResources {
 }
 
 impl PodResourcesSource for FakePodResources {
-    fn list(&self) -> futures::future::BoxFuture<'_, Result<Vec<PodDevices>, String>> {
+    fn list(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<PodDevices>, PodResourcesListError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let fail = self
             .failures
@@ -98,7 +100,10 @@ impl PodResourcesSource for FakePodResources {
         let answer = self.answer.lock().unwrap().clone();
         Box::pin(async move {
             if fail {
-                Err("connection refused".to_string())
+                Err(PodResourcesListError::Timeout {
+                    path: "/var/lib/kubelet/pod-resources/kubelet.sock".into(),
+                    timeout: Duration::from_secs(5),
+                })
             } else {
                 Ok(answer)
             }
@@ -154,7 +159,7 @@ struct Harness {
     ethtool: Arc<FakeEthtool>,
     pod_resources: Arc<FakePodResources>,
     stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<anyhow::Result<()>>,
+    task: JoinHandle<Result<(), AgentRunError>>,
 }
 
 /// `ethtool -S` answers for the node checks, counted.
@@ -417,7 +422,7 @@ impl Harness {
     }
 
     /// Stops the loop as SIGTERM would; its result.
-    async fn stop(mut self) -> anyhow::Result<()> {
+    async fn stop(mut self) -> Result<(), AgentRunError> {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
