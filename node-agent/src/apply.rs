@@ -104,6 +104,12 @@ impl Pass {
     }
 }
 
+/// What a PF's VFs still lack when the wait for them ends (the VF count,
+/// a VF's device, netdev or RDMA device).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join(", "))]
+struct VfPartsMissing(Vec<String>);
+
 fn pf_label(host: &Host, addr: &PciAddress) -> String {
     match host.netdev_of(addr) {
         Some(n) => format!("{n} ({addr})"),
@@ -340,7 +346,7 @@ impl Agent<'_> {
         };
         for n in writes {
             if let Err(e) = self.vfs.write_num_vfs(t.addr, n) {
-                if matches!(e, super::vfs::VfError::Busy { .. }) {
+                if matches!(e, super::vfs::SriovNumvfsError::Busy { .. }) {
                     // Not a failure yet: the kernel is still working.
                     pass.busy.push(format!("PF {label}: {e}"));
                 } else {
@@ -395,7 +401,7 @@ impl Agent<'_> {
 
     /// Waits until the PF lists `num` VFs, each with a netdev and (when the
     /// PF has one) an RDMA device; `Err` says what is still missing.
-    fn wait_for_vfs(&self, pf: PciAddress, num: u32) -> Result<(), String> {
+    fn wait_for_vfs(&self, pf: PciAddress, num: u32) -> Result<(), VfPartsMissing> {
         let deadline = Instant::now() + self.config.vf_wait;
         loop {
             let missing = self.missing_vf_parts(pf, num);
@@ -403,7 +409,7 @@ impl Agent<'_> {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(missing.join(", "));
+                return Err(VfPartsMissing(missing));
             }
             std::thread::sleep(self.config.poll);
         }
@@ -739,6 +745,8 @@ impl Agent<'_> {
         q
     }
 
+    /// The status of the pass: what the host has now ([`Self::observed_pfs`]),
+    /// what the pass did and what went wrong ([`conditions`]).
     fn report(
         &self,
         spec: &RdmaNodeStateSpec,
@@ -746,7 +754,31 @@ impl Agent<'_> {
         host: &Host,
         pass: Pass,
     ) -> ApplyOutcome {
-        let mut status = RdmaNodeStateStatus::default();
+        let irqbalance = irqbalance_running(self.config.root.proc());
+        let status = RdmaNodeStateStatus {
+            pfs: self.observed_pfs(spec, host),
+            managed_pfs: managed_pfs(spec, &pass.record),
+            configured_pfs: configured_pfs(targets, &pass.blocked),
+            conditions: conditions(&pass, irqbalance),
+            sync_state: sync_state(&pass),
+            last_error: last_error(&pass),
+            irq_placement: pass.placements,
+            soft_devices: pass.soft,
+            held_vfs: pass.held_vfs,
+            ..RdmaNodeStateStatus::default()
+        };
+        ApplyOutcome {
+            status,
+            changes: pass.changes,
+            problems: pass.errors,
+            irqs_pending: pass.pending_irqs,
+        }
+    }
+
+    /// Every SR-IOV PF of the host as it is now, with its VFs, and its QoS
+    /// (read from the device) where the spec asks for QoS on it.
+    fn observed_pfs(&self, spec: &RdmaNodeStateSpec, host: &Host) -> Vec<ObservedPf> {
+        let mut out = Vec::new();
         for pf in host.pfs() {
             let Some(sriov) = &pf.sriov else { continue };
             let if_name = host.netdev_of(&pf.address).map(str::to_string);
@@ -755,7 +787,7 @@ impl Agent<'_> {
                 .pfs
                 .iter()
                 .any(|p| p.pci_address == pf.address.to_string() && p.qos.is_some());
-            status.pfs.push(ObservedPf {
+            out.push(ObservedPf {
                 pci_address: pf.address.to_string(),
                 if_name: if_name.clone(),
                 vendor: pf.vendor_hex(),
@@ -772,103 +804,133 @@ impl Agent<'_> {
                 link_layer: rdma
                     .and_then(|r| r.ports.first())
                     .map(|p| p.link_layer.clone()),
-                vfs: Self::vfs_of(host, pf.address)
-                    .into_iter()
-                    .map(|(index, d)| {
-                        let netdev = d.netdevs.first().cloned();
-                        ObservedVf {
-                            index,
-                            pci_address: d.address.to_string(),
-                            mtu: netdev
-                                .as_ref()
-                                .and_then(|n| host.netdevs.get(n))
-                                .and_then(|n| n.mtu),
-                            netdev,
-                            rdma_device: d.rdma_devices.first().cloned(),
-                            numa_node: d.numa_node,
-                        }
-                    })
-                    .collect(),
+                vfs: observed_vfs(host, pf.address),
                 qos: match (&if_name, wants_qos) {
                     (Some(n), true) => Some(self.observed_qos(n)),
                     _ => None,
                 },
             });
         }
-        status.irq_placement = pass.placements;
-        status.soft_devices = pass.soft;
-        status.held_vfs = pass.held_vfs;
-        // Still managed: every spec PF, and any PF kroce changed that is
-        // not back at its VF count from before kroce yet.
-        let mut managed: BTreeSet<String> =
-            spec.pfs.iter().map(|p| p.pci_address.clone()).collect();
-        managed.extend(pass.record.num_vfs_before.keys().cloned());
-        status.managed_pfs = managed.into_iter().collect();
-        status.configured_pfs = targets
-            .iter()
-            .filter(|t| t.config.is_some() && !pass.blocked.contains(&t.addr))
-            .count() as u32;
-        let mut conditions = Vec::new();
-        let ok = pass.errors.is_empty() && pass.held.is_empty() && pass.busy.is_empty();
-        conditions.push(if ok {
-            Condition::new(
-                "Ready",
-                true,
-                "Configured",
-                "node matches its RdmaNodeState spec",
-            )
-        } else if pass.errors.is_empty() && !pass.busy.is_empty() {
-            Condition::new("Ready", false, "VfWriteInProgress", pass.busy.join("\n"))
-        } else if pass.errors.is_empty() {
-            Condition::new("Ready", false, "VfsHeld", pass.held.join("\n"))
-        } else {
-            Condition::new("Ready", false, &pass.errors[0].0, pass.errors[0].1.clone())
-        });
-        conditions.push(if pass.errors.is_empty() {
-            Condition::new("Degraded", false, "NoErrors", "")
-        } else {
-            let msg: Vec<String> = pass.errors.iter().map(|(_, m)| m.clone()).collect();
-            Condition::new("Degraded", true, &pass.errors[0].0, msg.join("\n"))
-        });
-        conditions.push(if pass.held.is_empty() {
-            Condition::new("VfsHeld", false, "NoneHeld", "")
-        } else {
-            Condition::new("VfsHeld", true, "PodsHoldVfs", pass.held.join("\n"))
-        });
-        conditions.push(if pass.unsupported.is_empty() {
-            Condition::new("QosUnsupported", false, "Supported", "")
-        } else {
-            Condition::new(
-                "QosUnsupported",
-                true,
-                "NotSupportedByDriver",
-                pass.unsupported.join("\n"),
-            )
-        });
-        conditions.push(if pass.busy.is_empty() {
-            Condition::new("VfWriteInProgress", false, "NoWriteInProgress", "")
-        } else {
-            Condition::new(
-                "VfWriteInProgress",
-                true,
-                "KernelStillWriting",
-                pass.busy.join("\n"),
-            )
-        });
-        let irqbalance = irqbalance_running(self.config.root.proc());
-        conditions.push(if irqbalance {
-            Condition::new(
-                "IrqBalanceRunning",
-                true,
-                "IrqBalanceWillUndoPinning",
-                "irqbalance is running and will move pinned RDMA IRQs; ban their CPUs with \
+        out
+    }
+}
+
+/// The VFs of `pf` as the host scan found them.
+fn observed_vfs(host: &Host, pf: PciAddress) -> Vec<ObservedVf> {
+    Agent::vfs_of(host, pf)
+        .into_iter()
+        .map(|(index, d)| {
+            let netdev = d.netdevs.first().cloned();
+            ObservedVf {
+                index,
+                pci_address: d.address.to_string(),
+                mtu: netdev
+                    .as_ref()
+                    .and_then(|n| host.netdevs.get(n))
+                    .and_then(|n| n.mtu),
+                netdev,
+                rdma_device: d.rdma_devices.first().cloned(),
+                numa_node: d.numa_node,
+            }
+        })
+        .collect()
+}
+
+/// Still managed: every spec PF, and any PF kroce changed that is not back
+/// at its VF count from before kroce yet.
+fn managed_pfs(spec: &RdmaNodeStateSpec, record: &ChangedPfs) -> Vec<String> {
+    let mut managed: BTreeSet<String> = spec.pfs.iter().map(|p| p.pci_address.clone()).collect();
+    managed.extend(record.num_vfs_before.keys().cloned());
+    managed.into_iter().collect()
+}
+
+/// Spec PFs the pass got to configure (not blocked by held VFs or errors).
+fn configured_pfs(targets: &[Target], blocked: &BTreeSet<PciAddress>) -> u32 {
+    targets
+        .iter()
+        .filter(|t| t.config.is_some() && !blocked.contains(&t.addr))
+        .count() as u32
+}
+
+/// The status conditions of a pass; `irqbalance`: whether irqbalance runs.
+fn conditions(pass: &Pass, irqbalance: bool) -> Vec<Condition> {
+    let mut conditions = vf_conditions(pass);
+    conditions.extend(irq_conditions(pass, irqbalance));
+    conditions.push(pass.netns_mode.clone().unwrap_or_else(|| {
+        Condition::new(super::netns_mode::PENDING_CONDITION, false, "Unmanaged", "")
+    }));
+    conditions
+}
+
+/// Ready, Degraded, and what held the PFs back (held VFs, the driver, a
+/// write still in the kernel).
+fn vf_conditions(pass: &Pass) -> Vec<Condition> {
+    let mut conditions = Vec::new();
+    let ok = pass.errors.is_empty() && pass.held.is_empty() && pass.busy.is_empty();
+    conditions.push(if ok {
+        Condition::new(
+            "Ready",
+            true,
+            "Configured",
+            "node matches its RdmaNodeState spec",
+        )
+    } else if pass.errors.is_empty() && !pass.busy.is_empty() {
+        Condition::new("Ready", false, "VfWriteInProgress", pass.busy.join("\n"))
+    } else if pass.errors.is_empty() {
+        Condition::new("Ready", false, "VfsHeld", pass.held.join("\n"))
+    } else {
+        Condition::new("Ready", false, &pass.errors[0].0, pass.errors[0].1.clone())
+    });
+    conditions.push(if pass.errors.is_empty() {
+        Condition::new("Degraded", false, "NoErrors", "")
+    } else {
+        let msg: Vec<String> = pass.errors.iter().map(|(_, m)| m.clone()).collect();
+        Condition::new("Degraded", true, &pass.errors[0].0, msg.join("\n"))
+    });
+    conditions.push(if pass.held.is_empty() {
+        Condition::new("VfsHeld", false, "NoneHeld", "")
+    } else {
+        Condition::new("VfsHeld", true, "PodsHoldVfs", pass.held.join("\n"))
+    });
+    conditions.push(if pass.unsupported.is_empty() {
+        Condition::new("QosUnsupported", false, "Supported", "")
+    } else {
+        Condition::new(
+            "QosUnsupported",
+            true,
+            "NotSupportedByDriver",
+            pass.unsupported.join("\n"),
+        )
+    });
+    conditions.push(if pass.busy.is_empty() {
+        Condition::new("VfWriteInProgress", false, "NoWriteInProgress", "")
+    } else {
+        Condition::new(
+            "VfWriteInProgress",
+            true,
+            "KernelStillWriting",
+            pass.busy.join("\n"),
+        )
+    });
+    conditions
+}
+
+/// What may undo or delay the IRQ placement.
+fn irq_conditions(pass: &Pass, irqbalance: bool) -> Vec<Condition> {
+    let mut conditions = Vec::new();
+    conditions.push(if irqbalance {
+        Condition::new(
+            "IrqBalanceRunning",
+            true,
+            "IrqBalanceWillUndoPinning",
+            "irqbalance is running and will move pinned RDMA IRQs; ban their CPUs with \
                  IRQBALANCE_BANNED_CPULIST (irqbalance >= 1.8) in /etc/sysconfig/irqbalance or \
                  /etc/default/irqbalance, or stop it on RDMA nodes",
-            )
-        } else {
-            Condition::new("IrqBalanceRunning", false, "NotRunning", "")
-        });
-        conditions.push(if pass.pending_irqs == 0 {
+        )
+    } else {
+        Condition::new("IrqBalanceRunning", false, "NotRunning", "")
+    });
+    conditions.push(if pass.pending_irqs == 0 {
             Condition::new("IrqsPending", false, "AllRequested", "")
         } else {
             Condition::new(
@@ -882,7 +944,7 @@ impl Agent<'_> {
                 ),
             )
         });
-        conditions.push(if pass.refused_irqs == 0 {
+    conditions.push(if pass.refused_irqs == 0 {
             Condition::new("IrqsRefused", false, "AllPlaced", "")
         } else {
             Condition::new(
@@ -895,30 +957,26 @@ impl Agent<'_> {
                 ),
             )
         });
-        conditions.push(pass.netns_mode.clone().unwrap_or_else(|| {
-            Condition::new(super::netns_mode::PENDING_CONDITION, false, "Unmanaged", "")
-        }));
-        status.conditions = conditions;
-        status.sync_state = if !pass.errors.is_empty() {
-            SyncState::Failed
-        } else if !pass.held.is_empty() || !pass.busy.is_empty() {
-            SyncState::InProgress
-        } else {
-            SyncState::Succeeded
-        };
-        status.last_error = pass
-            .errors
-            .first()
-            .map(|(_, m)| m.clone())
-            .or_else(|| pass.busy.first().cloned())
-            .or_else(|| pass.held.first().cloned());
-        ApplyOutcome {
-            status,
-            changes: pass.changes,
-            problems: pass.errors,
-            irqs_pending: pass.pending_irqs,
-        }
+    conditions
+}
+
+fn sync_state(pass: &Pass) -> SyncState {
+    if !pass.errors.is_empty() {
+        SyncState::Failed
+    } else if !pass.held.is_empty() || !pass.busy.is_empty() {
+        SyncState::InProgress
+    } else {
+        SyncState::Succeeded
     }
+}
+
+/// The first error, else the first write in progress, else the first held PF.
+fn last_error(pass: &Pass) -> Option<String> {
+    pass.errors
+        .first()
+        .map(|(_, m)| m.clone())
+        .or_else(|| pass.busy.first().cloned())
+        .or_else(|| pass.held.first().cloned())
 }
 
 fn irq_device(host: &Host, d: &PciDevice) -> IrqDevice {
