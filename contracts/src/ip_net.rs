@@ -15,10 +15,10 @@ pub struct IpNet {
 }
 
 impl IpNet {
-    pub fn new(addr: IpAddr, prefix: u8) -> Result<IpNet, String> {
+    pub fn new(addr: IpAddr, prefix: u8) -> Result<IpNet, IpNetError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix > max {
-            return Err(format!("prefix /{prefix} is longer than {max}"));
+            return Err(IpNetError::PrefixTooLong { prefix, max });
         }
         Ok(IpNet { addr, prefix })
     }
@@ -69,22 +69,30 @@ impl fmt::Display for IpNet {
     }
 }
 
+/// Why a string or an address/prefix pair is not an [`IpNet`] (the caller
+/// names the field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpNetError {
+    #[error("expected ADDRESS/PREFIX")]
+    NoPrefix,
+    #[error("{0:?} is not an IP address")]
+    Addr(String),
+    #[error("{0:?} is not a prefix length")]
+    Prefix(String),
+    #[error("prefix /{prefix} is longer than {max}")]
+    PrefixTooLong { prefix: u8, max: u8 },
+}
+
 impl FromStr for IpNet {
-    type Err = String;
+    type Err = IpNetError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (a, p) = s
-            .split_once('/')
-            .ok_or_else(|| "expected ADDRESS/PREFIX".to_string())?;
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{a:?} is not an IP address"))?;
+        let (a, p) = s.split_once('/').ok_or(IpNetError::NoPrefix)?;
+        let addr: IpAddr = a.parse().map_err(|_| IpNetError::Addr(a.to_string()))?;
         if p.is_empty() || p.len() > 3 || !p.chars().all(|c| c.is_ascii_digit()) {
-            return Err(format!("{p:?} is not a prefix length"));
+            return Err(IpNetError::Prefix(p.to_string()));
         }
-        let prefix: u8 = p
-            .parse()
-            .map_err(|_| format!("{p:?} is not a prefix length"))?;
+        let prefix: u8 = p.parse().map_err(|_| IpNetError::Prefix(p.to_string()))?;
         IpNet::new(addr, prefix)
     }
 }

@@ -479,7 +479,10 @@ pub fn parse_address(payload: &[u8]) -> Result<(u32, IpNet), DecodeError> {
     let ip = local
         .or(address)
         .ok_or_else(|| DecodeError("RTM_NEWADDR without an address".into()))?;
-    Ok((index, IpNet::new(ip, prefix).map_err(DecodeError)?))
+    Ok((
+        index,
+        IpNet::new(ip, prefix).map_err(|e| DecodeError(e.to_string()))?,
+    ))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::io;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot set MTU {mtu} on {ifname}: {source}")]
-pub struct LinkError {
+pub struct MtuError {
     pub ifname: String,
     pub mtu: u32,
     #[source]
@@ -13,7 +13,7 @@ pub struct LinkError {
 }
 
 pub trait LinkControl: Send + Sync {
-    fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError>;
+    fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), MtuError>;
 }
 
 /// The real thing: kroce-netlink's synchronous socket (one stack for the
@@ -38,9 +38,9 @@ fn nl_io(e: kroce_netlink::NlError) -> io::Error {
 }
 
 impl LinkControl for NetlinkLinks {
-    fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError> {
+    fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), MtuError> {
         use kroce_netlink::{NlSocket, route};
-        let err = |source| LinkError {
+        let err = |source| MtuError {
             ifname: ifname.to_string(),
             mtu,
             source,
@@ -96,19 +96,19 @@ impl FixtureLinks {
 
 #[cfg(any(test, feature = "testing"))]
 impl LinkControl for FixtureLinks {
-    fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), LinkError> {
+    fn set_mtu(&self, ifname: &str, mtu: u32) -> Result<(), MtuError> {
         if let Ok(mut c) = self.calls.lock() {
             c.push((ifname.to_string(), mtu));
         }
         let path = self.sys.join("class/net").join(ifname).join("mtu");
         if !path.exists() {
-            return Err(LinkError {
+            return Err(MtuError {
                 ifname: ifname.to_string(),
                 mtu,
                 source: io::Error::from_raw_os_error(libc::ENODEV),
             });
         }
-        std::fs::write(&path, format!("{mtu}\n")).map_err(|source| LinkError {
+        std::fs::write(&path, format!("{mtu}\n")).map_err(|source| MtuError {
             ifname: ifname.to_string(),
             mtu,
             source,

@@ -4,6 +4,7 @@
 
 use super::version::CniVersion;
 use crate::addr::IpNet;
+use kroce_contracts::ip_net::IpNetError;
 use serde_json::{Map, Value, json};
 use std::net::IpAddr;
 
@@ -133,7 +134,7 @@ pub enum CniResultError {
         ctx: String,
         key: &'static str,
         value: String,
-        reason: String,
+        reason: IpNetError,
     },
     #[error("{ctx}.interface must be an index, got {got}")]
     NotIndex { ctx: String, got: Value },
