@@ -55,10 +55,15 @@ impl Role {
     }
 }
 
-fn parse_tool(s: &str) -> Result<PerftestTool, String> {
-    PerftestTool::from_binary(s).ok_or_else(|| {
-        format!("unknown perftest tool {s:?} (ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat, ib_read_lat, ib_send_lat)")
-    })
+/// A `--bw-tool` / `--lat-tool` value that names no perftest tool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown perftest tool {0:?} (ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat, ib_read_lat, ib_send_lat)"
+)]
+pub struct UnknownTool(pub String);
+
+fn parse_tool(s: &str) -> Result<PerftestTool, UnknownTool> {
+    PerftestTool::from_binary(s).ok_or_else(|| UnknownTool(s.to_string()))
 }
 
 /// `kroce-perftest-run`: runs one side of a kroce admission test in a test
@@ -386,14 +391,26 @@ fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
+/// Why a tool's table could not be read from the client's log.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientLogError {
+    #[error("the client log has no {tool} output")]
+    Missing { tool: &'static str },
+    #[error("{tool} output: {source}")]
+    Parse {
+        tool: &'static str,
+        #[source]
+        source: perftest::PerftestError,
+    },
+}
+
 fn report_of(
     sections: &BTreeMap<String, String>,
     tool: PerftestTool,
-) -> Result<PerftestReport, String> {
-    let text = sections
-        .get(tool.binary())
-        .ok_or_else(|| format!("the client log has no {} output", tool.binary()))?;
-    perftest::parse(text).map_err(|e| format!("{} output: {e}", tool.binary()))
+) -> Result<PerftestReport, ClientLogError> {
+    let tool = tool.binary();
+    let text = sections.get(tool).ok_or(ClientLogError::Missing { tool })?;
+    perftest::parse(text).map_err(|source| ClientLogError::Parse { tool, source })
 }
 
 /// The verdict on a finished run from the client's log (which has both
@@ -418,11 +435,11 @@ pub fn judge(
     }
     let bw = match report_of(&client, bw_tool) {
         Ok(r) => r,
-        Err(e) => return RunOutcome::error(e),
+        Err(e) => return RunOutcome::error(e.to_string()),
     };
     let lat = match report_of(&client, lat_tool) {
         Ok(r) => r,
-        Err(e) => return RunOutcome::error(e),
+        Err(e) => return RunOutcome::error(e.to_string()),
     };
     let server = server_log.map(split_sections);
     let rates = [
