@@ -823,12 +823,14 @@ mod tests {
             }
         }
 
-        fn release(&self, pod: &PodFacts) -> Vec<String> {
+        fn release(&self, pod: &PodFacts) -> Vec<crate::network::ReleaseFailure> {
             self.calls
                 .lock()
                 .unwrap()
                 .push(("release".into(), pod.uid.clone()));
-            vec!["left over".into()]
+            vec![crate::network::ReleaseFailure::HostNetns(
+                std::io::Error::other("left over"),
+            )]
         }
     }
 

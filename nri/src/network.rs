@@ -326,23 +326,55 @@ pub enum AttachError {
         device: String,
         ifname: String,
         message: String,
-        left: Vec<String>,
+        left: Vec<ReleaseFailure>,
     },
     #[error("pod {pod}: writing {path}: {message}{}", rollback_note(.left))]
     Result {
         pod: String,
         path: PathBuf,
         message: String,
-        left: Vec<String>,
+        left: Vec<ReleaseFailure>,
     },
 }
 
-fn rollback_note(left: &[String]) -> String {
+fn rollback_note(left: &[ReleaseFailure]) -> String {
     if left.is_empty() {
         " (rolled back)".into()
     } else {
+        let left: Vec<String> = left.iter().map(ToString::to_string).collect();
         format!(" (rollback incomplete: {})", left.join("; "))
     }
+}
+
+/// One thing a teardown (release, roll-back, the undo of a failed attach)
+/// could not do; the teardown goes on with the rest and returns them all.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseFailure {
+    /// kroce-cni's DEL of one attachment (`device`: the VF or DRA device).
+    #[error("{device} ({ifname}): {source}")]
+    Del {
+        device: String,
+        ifname: String,
+        #[source]
+        source: CniError,
+    },
+    /// A result file of the sandbox that could not be removed.
+    #[error("{}: {source}", path.display())]
+    RemoveResult {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the host netns: {0}")]
+    HostNetns(#[source] std::io::Error),
+    /// The links of the sandbox's held netns could not be read or moved.
+    #[error("{}{source}", at.as_ref().map(|(vf, ifname)| format!("{vf} ({ifname}): ")).unwrap_or_default())]
+    Links {
+        /// The VF and its name in the pod, when about one.
+        at: Option<(String, String)>,
+        #[source]
+        source: kroce_cni::links::LinkError,
+    },
 }
 
 /// The request files and what was attached from them.
@@ -509,12 +541,21 @@ impl<R: CniRunner> PodNetwork<R> {
     }
 
     /// DEL of what an ADD of this attach gave, newest first.
-    fn undo(&self, pod: &PodFacts, netns: &Path, done: &[(&Attachment, Value)]) -> Vec<String> {
+    fn undo(
+        &self,
+        pod: &PodFacts,
+        netns: &Path,
+        done: &[(&Attachment, Value)],
+    ) -> Vec<ReleaseFailure> {
         let mut left = Vec::new();
         for (a, _) in done.iter().rev() {
             let env = self.env(Command::Del, pod, &a.ifname, Some(netns));
-            if let Err(e) = self.cni.run(&env, &cni_config(a)) {
-                left.push(format!("{} ({}): {e}", a.device.device, a.ifname));
+            if let Err(source) = self.cni.run(&env, &cni_config(a)) {
+                left.push(ReleaseFailure::Del {
+                    device: a.device.device.clone(),
+                    ifname: a.ifname.clone(),
+                    source,
+                });
             }
         }
         left
@@ -523,7 +564,7 @@ impl<R: CniRunner> PodNetwork<R> {
     /// Releases every DRA attachment kroce-cni holds for the sandbox, and
     /// removes its results. Idempotent; the errors of what could not be
     /// released (retried at the next Stop/Remove).
-    pub fn release(&self, pod: &PodFacts) -> Vec<String> {
+    pub fn release(&self, pod: &PodFacts) -> Vec<ReleaseFailure> {
         let mut errors = Vec::new();
         let state = kroce_cni::state::StateDir::new(&self.opts.state_dir);
         let (claims, unreadable) = state.claims();
@@ -545,14 +586,18 @@ impl<R: CniRunner> PodNetwork<R> {
                 Ok(_) => {
                     tracing::info!(sandbox = %pod.sandbox_id, ifname = %c.ifname, vf = %c.vf, "VF released")
                 }
-                Err(e) => errors.push(format!("{} ({}): {e}", c.vf, c.ifname)),
+                Err(source) => errors.push(ReleaseFailure::Del {
+                    device: c.vf.to_string(),
+                    ifname: c.ifname.clone(),
+                    source,
+                }),
             }
         }
         errors.extend(self.remove_results(pod));
         errors
     }
 
-    fn remove_results(&self, pod: &PodFacts) -> Vec<String> {
+    fn remove_results(&self, pod: &PodFacts) -> Vec<ReleaseFailure> {
         let mut errors = Vec::new();
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return errors;
@@ -571,8 +616,8 @@ impl<R: CniRunner> PodNetwork<R> {
                 .is_some_and(|r| r.sandbox_id == pod.sandbox_id);
             if ours {
                 match std::fs::remove_file(&path) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        errors.push(format!("{}: {e}", path.display()));
+                    Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                        errors.push(ReleaseFailure::RemoveResult { path, source });
                     }
                     _ => {}
                 }
@@ -587,11 +632,11 @@ pub trait PodNetworkHook: Send + Sync + std::fmt::Debug {
     /// `Err`: the sandbox must not run (rolled back).
     fn attach(&self, pod: &PodFacts) -> Result<usize, AttachError>;
     /// Errors of what could not be released.
-    fn release(&self, pod: &PodFacts) -> Vec<String>;
+    fn release(&self, pod: &PodFacts) -> Vec<ReleaseFailure>;
     /// Undoes an attach the runtime no longer waited for. `held`: the
     /// sandbox's netns, opened before the attach, alive even when the
     /// runtime has removed its path meanwhile.
-    fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<String> {
+    fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<ReleaseFailure> {
         let _ = held;
         self.release(pod)
     }
@@ -602,11 +647,11 @@ impl<R: CniRunner + Send + Sync + std::fmt::Debug> PodNetworkHook for PodNetwork
         PodNetwork::attach(self, pod)
     }
 
-    fn release(&self, pod: &PodFacts) -> Vec<String> {
+    fn release(&self, pod: &PodFacts) -> Vec<ReleaseFailure> {
         PodNetwork::release(self, pod)
     }
 
-    fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<String> {
+    fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<ReleaseFailure> {
         PodNetwork::roll_back(self, pod, held)
     }
 }
@@ -615,7 +660,7 @@ impl<R: CniRunner> PodNetwork<R> {
     /// Undoes a late attach: [`PodNetwork::release`], after getting the
     /// VFs out of a netns the runtime removed meanwhile (`held`: the
     /// sandbox's netns, opened before the attach).
-    pub fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<String> {
+    pub fn roll_back(&self, pod: &PodFacts, held: Option<&Netns>) -> Vec<ReleaseFailure> {
         let mut errors = held
             .map(|ns| self.out_of_a_removed_netns(pod, ns))
             .unwrap_or_default();
@@ -630,7 +675,7 @@ impl<R: CniRunner> PodNetwork<R> {
     /// virtual VF with it and leaving a real one to the kernel under its pod
     /// name. Moved to the host netns under the original name, where the DEL
     /// that follows finds it and restores the rest.
-    fn out_of_a_removed_netns(&self, pod: &PodFacts, held: &Netns) -> Vec<String> {
+    fn out_of_a_removed_netns(&self, pod: &PodFacts, held: &Netns) -> Vec<ReleaseFailure> {
         let mut errors = Vec::new();
         let state = kroce_cni::state::StateDir::new(&self.opts.state_dir);
         let (claims, _) = state.claims();
@@ -644,11 +689,11 @@ impl<R: CniRunner> PodNetwork<R> {
         }
         let host = match self.cni.host_netns() {
             Ok(h) => h,
-            Err(e) => return vec![format!("cannot open the host netns: {e}")],
+            Err(e) => return vec![ReleaseFailure::HostNetns(e)],
         };
         let mut links = match RtnlLinks::open(held) {
             Ok(l) => l,
-            Err(e) => return vec![e.to_string()],
+            Err(source) => return vec![ReleaseFailure::Links { at: None, source }],
         };
         for c in gone {
             match links.by_name(&c.ifname) {
@@ -657,11 +702,17 @@ impl<R: CniRunner> PodNetwork<R> {
                         Ok(()) => {
                             tracing::info!(sandbox = %pod.sandbox_id, ifname = %c.ifname, vf = %c.vf, netns = %c.netns, "late attachment: VF moved out of the sandbox netns the runtime had removed")
                         }
-                        Err(e) => errors.push(format!("{} ({}): {e}", c.vf, c.ifname)),
+                        Err(source) => errors.push(ReleaseFailure::Links {
+                            at: Some((c.vf.to_string(), c.ifname.clone())),
+                            source,
+                        }),
                     }
                 }
                 Ok(None) => {}
-                Err(e) => errors.push(format!("{} ({}): {e}", c.vf, c.ifname)),
+                Err(source) => errors.push(ReleaseFailure::Links {
+                    at: Some((c.vf.to_string(), c.ifname.clone())),
+                    source,
+                }),
             }
         }
         errors

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kroce_nri::Memlock;
 use kroce_nri::cni_requests::StateDir;
 use kroce_nri::handler::Handler;
-use kroce_nri::network::{AttachError, PodFacts, PodNetworkHook};
+use kroce_nri::network::{AttachError, PodFacts, PodNetworkHook, ReleaseFailure};
 use kroce_nri::proto::{PLUGIN_SERVICE, api};
 use kroce_nri::session::{self, Backoff, PluginState, SessionOptions};
 use kroce_nri::testing::{FakeRuntime, PluginConn};
@@ -46,7 +46,7 @@ impl PodNetworkHook for SlowHook {
         Ok(1)
     }
 
-    fn release(&self, pod: &PodFacts) -> Vec<String> {
+    fn release(&self, pod: &PodFacts) -> Vec<ReleaseFailure> {
         self.0.released.lock().unwrap().push(pod.sandbox_id.clone());
         self.0
             .attached
