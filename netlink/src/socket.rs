@@ -49,18 +49,24 @@ pub struct NlSocket {
     timeout: Duration,
 }
 
+/// A netlink socket of `proto` in the calling thread's netns, bound with
+/// the multicast `groups` mask (0: none).
+fn bound(proto: SockProtocol, groups: u32) -> Result<OwnedFd, NlError> {
+    let fd = nix::sys::socket::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        proto,
+    )
+    .map_err(|e| NlError::Socket(e.into()))?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups)).map_err(|e| NlError::Socket(e.into()))?;
+    Ok(fd)
+}
+
 impl NlSocket {
     /// A socket in the calling thread's netns.
     pub fn open(proto: SockProtocol) -> Result<NlSocket, NlError> {
-        let fd = nix::sys::socket::socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            proto,
-        )
-        .map_err(|e| NlError::Socket(e.into()))?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(|e| NlError::Socket(e.into()))?;
-        NlSocket::from_fd(fd, REPLY_TIMEOUT)
+        NlSocket::from_fd(bound(proto, 0)?, REPLY_TIMEOUT)
     }
 
     /// Over an open datagram socket (a netlink one, or in tests a
@@ -107,14 +113,7 @@ impl NlSocket {
             }
             mask |= 1 << (g - 1);
         }
-        let fd = nix::sys::socket::socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            proto,
-        )
-        .map_err(|e| NlError::Socket(e.into()))?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, mask)).map_err(|e| NlError::Socket(e.into()))?;
+        let fd = bound(proto, mask)?;
         NlSocket::from_fd(fd, poll)
     }
 
