@@ -18,6 +18,8 @@ pub mod netns;
 pub mod rdma;
 pub mod route;
 pub mod socket;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod vf_attrs;
 
 /// The netlink family a socket speaks (`NetlinkRoute`, `NetlinkRDMA`,

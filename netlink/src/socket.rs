@@ -257,31 +257,14 @@ impl NlSocket {
 mod tests {
     use super::*;
     use crate::NLM_F_REQUEST;
-    use std::os::unix::net::UnixDatagram;
+    use crate::testing::{FakeKernel, ack};
 
-    fn ack(seq: u32, code: i32) -> Vec<u8> {
-        let mut m = Vec::new();
-        m.extend(36u32.to_ne_bytes());
-        m.extend(NLMSG_ERROR.to_ne_bytes());
-        m.extend(0x100u16.to_ne_bytes());
-        m.extend(seq.to_ne_bytes());
-        m.extend(0u32.to_ne_bytes());
-        m.extend(code.to_ne_bytes());
-        m.extend([0u8; 16]);
-        m
+    fn pair(timeout: Duration) -> (NlSocket, FakeKernel) {
+        FakeKernel::pair(timeout).unwrap()
     }
 
-    /// A socketpair whose far end plays the kernel.
-    fn pair(timeout: Duration) -> (NlSocket, UnixDatagram) {
-        let (a, b) = UnixDatagram::pair().unwrap();
-        (NlSocket::from_fd(OwnedFd::from(a), timeout).unwrap(), b)
-    }
-
-    fn seq_of(kernel: &UnixDatagram) -> u32 {
-        let mut buf = [0u8; 4096];
-        let n = kernel.recv(&mut buf).unwrap();
-        assert!(n >= 16);
-        u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]])
+    fn seq_of(kernel: &FakeKernel) -> u32 {
+        crate::testing::seq_of(&kernel.next_request().unwrap())
     }
 
     #[test]
